@@ -1,0 +1,132 @@
+"""`token_logprobs`: the public entry point, input checks and the choice of implementation."""
+
+import os
+
+import torch
+
+from .chunked import token_logprobs_chunked
+from .params import LogprobParams
+
+IMPLS = ("auto", "triton", "torch")
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve_impl(impl: str, device: torch.device) -> str:
+    """Map `impl` to "triton" or "torch" for tensors on `device`, or raise a ValueError."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "torch"
+    if impl == "triton":
+        if not triton_available():
+            raise ValueError("impl='triton' needs the triton package, which is not installed")
+        if device.type != "cuda" and not interpreter_on():
+            raise ValueError(
+                f"impl='triton' on a {device.type} tensor needs TRITON_INTERPRET=1 set before triton "
+                "is imported; use impl='torch' or 'auto' on CPU"
+            )
+    return impl
+
+
+def check_logprob_inputs(hidden, weight, targets, bias, temperature) -> None:
+    """Raise TypeError/ValueError naming the bad value; see `token_logprobs` for the contract."""
+    for name, t in (("hidden", hidden), ("weight", weight), ("targets", targets)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not hidden.is_floating_point():
+        raise TypeError(f"hidden must be a floating tensor, got dtype {hidden.dtype}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be [V, D], got shape {tuple(weight.shape)}")
+    if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden's last dim must equal weight's D: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}"
+        )
+    if weight.dtype != hidden.dtype:
+        raise TypeError(f"hidden and weight must share a dtype, got {hidden.dtype} and {weight.dtype}")
+    if weight.device != hidden.device:
+        raise ValueError(f"hidden and weight must be on one device, got {hidden.device} and {weight.device}")
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise TypeError(f"targets must be an integer tensor, got dtype {targets.dtype}")
+    if tuple(targets.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"targets shape {tuple(targets.shape)} must equal hidden's leading shape {tuple(hidden.shape[:-1])}"
+        )
+    if targets.device != hidden.device:
+        raise ValueError(f"targets must be on hidden's device {hidden.device}, got {targets.device}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if tuple(bias.shape) != (weight.shape[0],):
+            raise ValueError(f"bias must be [V] = [{weight.shape[0]}], got shape {tuple(bias.shape)}")
+        if bias.dtype != hidden.dtype or bias.device != hidden.device:
+            raise TypeError(
+                f"bias must match hidden's dtype and device ({hidden.dtype}, {hidden.device}), "
+                f"got ({bias.dtype}, {bias.device})"
+            )
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
+    if not temperature > 0 or temperature == float("inf"):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+
+
+def check_targets_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
+    bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
+    if targets.numel() and bool(bad.any()):
+        value = int(targets[bad][0])
+        raise ValueError(f"target {value} is outside [0, {vocab}) and is not ignore_index={ignore_index}")
+
+
+def token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+    impl: str = "auto",
+):
+    """Log-probability of each target token, straight from hidden states and the LM-head weight.
+
+    Never materializes the `[N, V]` logits, forward or backward (SPEC §1).
+
+    Args:
+        hidden: `[..., D]` float16/bfloat16/float32 hidden states (the LM body's output).
+        weight: `[V, D]` LM-head weight, same dtype and device as hidden.
+        targets: `[...]` integer token ids (hidden's leading shape); `ignore_index` rows give 0.
+        bias: optional `[V]` LM-head bias.
+        temperature: logits are divided by it; must be > 0.
+        ignore_index: target value whose rows get logp = entropy = 0 and no gradient.
+        return_entropy: also return the softmax entropy per token (differentiable).
+        impl: "auto" (Triton on CUDA, chunked PyTorch elsewhere), "triton" or "torch".
+
+    Returns:
+        logp `[...]` float32, or `(logp, entropy)` with return_entropy=True.
+    """
+    check_logprob_inputs(hidden, weight, targets, bias, temperature)
+    impl = resolve_impl(impl, hidden.device)
+    check_targets_range(targets, weight.shape[0], ignore_index)
+    params = LogprobParams(float(temperature), int(ignore_index), bool(return_entropy))
+    lead = targets.shape
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    t1 = targets.reshape(-1)
+    if impl == "triton":
+        from .triton_function import token_logprobs_triton
+
+        logp, entropy = token_logprobs_triton(h2, weight, t1, bias, params)
+    else:
+        logp, entropy = token_logprobs_chunked(h2, weight, t1, bias, params)
+    logp = logp.reshape(lead)
+    return (logp, entropy.reshape(lead)) if return_entropy else logp

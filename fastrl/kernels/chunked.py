@@ -1,0 +1,117 @@
+"""Chunked pure-PyTorch token log-probs: the same memory bound as the kernels, on any device.
+
+Forward walks the tokens in chunks, builds one `[C, V]` logit tile at a time and keeps only the
+O(N) statistics (lse, logp, entropy). Backward recomputes each tile from hidden and weight and
+accumulates d_hidden, d_weight and d_bias in float32. The chunk size is picked so a tile stays
+near `FASTRL_CHUNK_BYTES` (default 64 MiB), whatever N is.
+"""
+
+import os
+
+import torch
+
+from .params import LogprobParams
+
+_DEFAULT_CHUNK_BYTES = 64 * 2**20
+
+
+def chunk_rows(vocab: int) -> int:
+    """Rows per chunk so that one float32 `[rows, vocab]` tile is about FASTRL_CHUNK_BYTES."""
+    budget = int(os.environ.get("FASTRL_CHUNK_BYTES", _DEFAULT_CHUNK_BYTES))
+    return max(16, budget // (4 * vocab))
+
+
+def _tile(hidden, weight, bias, temperature):
+    # [C, V] float32 logits / temperature; the matmul runs in the input dtype, as eager does
+    z = hidden @ weight.T
+    if bias is not None:
+        z = z + bias
+    return z.float() / temperature
+
+
+def _forward(hidden, weight, targets, bias, params: LogprobParams):
+    n = hidden.shape[0]
+    valid = targets != params.ignore_index
+    safe = torch.where(valid, targets, torch.zeros_like(targets))
+    logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    entropy = torch.empty(n, dtype=torch.float32, device=hidden.device) if params.return_entropy else None
+    rows = chunk_rows(weight.shape[0])
+    for start in range(0, n, rows):
+        sl = slice(start, min(n, start + rows))
+        z = _tile(hidden[sl], weight, bias, params.temperature)
+        c_lse = torch.logsumexp(z, dim=-1)
+        lse[sl] = c_lse
+        logp[sl] = z.gather(-1, safe[sl].unsqueeze(-1)).squeeze(-1) - c_lse
+        if entropy is not None:
+            z.sub_(c_lse.unsqueeze(-1))  # z is now log p
+            entropy[sl] = -(z.exp() * z).sum(-1)
+    zero = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    logp = torch.where(valid, logp, zero)
+    if entropy is not None:
+        entropy = torch.where(valid, entropy, zero)
+    return logp, entropy, lse
+
+
+def _backward(hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, params, needs):
+    n, tau = hidden.shape[0], params.temperature
+    valid = targets != params.ignore_index
+    safe = torch.where(valid, targets, torch.zeros_like(targets))
+    g = torch.where(valid, grad_logp.float(), 0.0) if grad_logp is not None else None
+    e = torch.where(valid, grad_entropy.float(), 0.0) if grad_entropy is not None else None
+    d_hidden = torch.empty_like(hidden) if needs[0] else None
+    d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs[1] else None
+    d_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if needs[3] else None
+    rows = chunk_rows(weight.shape[0])
+    for start in range(0, n, rows):
+        sl = slice(start, min(n, start + rows))
+        z = _tile(hidden[sl], weight, bias, tau)
+        p = (z - lse[sl].unsqueeze(-1)).exp_()
+        dz = torch.zeros_like(z)
+        if g is not None:
+            dz -= g[sl].unsqueeze(-1) * p
+            dz.scatter_add_(-1, safe[sl].unsqueeze(-1), g[sl].unsqueeze(-1))
+        if e is not None:
+            # Σ_u p z = lse − H, so z − Σ p z = z − lse + H = log p + H
+            centered = z.sub_(lse[sl].unsqueeze(-1)).add_(entropy[sl].unsqueeze(-1))
+            dz -= e[sl].unsqueeze(-1) * p * centered
+        dz /= tau
+        if d_bias is not None:
+            d_bias += dz.sum(0)
+        if d_hidden is not None:
+            d_hidden[sl] = dz.to(hidden.dtype) @ weight
+        if d_weight is not None:
+            d_weight.addmm_(dz.T, hidden[sl].float())
+    return (
+        d_hidden,
+        None if d_weight is None else d_weight.to(weight.dtype),
+        None if d_bias is None else d_bias.to(bias.dtype),
+    )
+
+
+class ChunkedLogprobFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, bias, params: LogprobParams):
+        logp, entropy, lse = _forward(hidden, weight, targets, bias, params)
+        ctx.params = params
+        ctx.save_for_backward(hidden, weight, targets, bias, lse, entropy)
+        return logp if entropy is None else (logp, entropy)
+
+    @staticmethod
+    def backward(ctx, grad_logp, *grad_rest):
+        hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
+        grad_entropy = grad_rest[0] if grad_rest else None
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False, ctx.needs_input_grad[3])
+        d_hidden, d_weight, d_bias = _backward(
+            hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, ctx.params, needs
+        )
+        return d_hidden, d_weight, None, d_bias, None
+
+
+def token_logprobs_chunked(hidden, weight, targets, bias, params: LogprobParams):
+    """`[N, D]`, `[V, D]`, `[N]` → logp `[N]` (and entropy `[N]`), float32, memory O(N + chunk·V)."""
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
+        logp, entropy, _ = _forward(hidden, weight, targets, bias, params)
+        return logp, entropy
+    out = ChunkedLogprobFunction.apply(hidden, weight, targets, bias, params)
+    return (out, None) if isinstance(out, torch.Tensor) else out

@@ -1,0 +1,27 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="fastrl",
+    version="0.1.0",
+    description="Fused, memory-bounded log-prob kernels and GRPO/PPO losses for RL post-training of LMs",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["fastrl", "fastrl.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.4",
+        "sympy>=1.12",
+        "latex2sympy2_extended>=1.10",
+        "transformers>=4.46",
+        "pyyaml",
+        "tqdm",
+    ],
+    extras_require={
+        "triton": ["triton>=3.3"],
+        "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib"],
+        "bench": ["pytest-benchmark>=4", "matplotlib"],
+        "vllm": ["vllm>=0.8"],
+        "tensorboard": ["tensorboard"],
+    },
+    entry_points={"console_scripts": ["fastrl=fastrl.trainer.cli:main"]},
+)
