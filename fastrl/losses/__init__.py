@@ -1,0 +1,7 @@
+"""PPO/GRPO policy losses (SPEC §2–3): config, per-token math, exact aggregation, fused entry point."""
+
+from .config import LossConfig
+from .grpo import GRPOLoss, grpo_loss
+from .policy import LossOutput, policy_loss
+
+__all__ = ["GRPOLoss", "LossConfig", "LossOutput", "grpo_loss", "policy_loss"]

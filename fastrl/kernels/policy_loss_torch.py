@@ -1,0 +1,99 @@
+"""Pure-PyTorch per-token policy loss (SPEC §2): the reference and CPU path of the fused kernel.
+
+Both implementations return the same two things for a `[B, T]` batch:
+  row_loss `[B]`   Σ_t m·ℓ per sequence, differentiable w.r.t. logprobs (and entropy);
+  stats `[B, K]`   detached per-sequence masked sums, columns named by `STATS`.
+Aggregation over sequences (SPEC §3) happens on these `[B]` vectors, outside the kernel.
+
+Masked positions may hold anything (padding, inf, NaN): every input is replaced by a neutral value
+there BEFORE any exp, so neither the loss nor the gradient can pick up 0·inf.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+# Column order of `stats`; the Triton kernel writes the same columns.
+STATS = ("tokens", "clip_low", "clip_high", "clip_dual", "ratio", "log_ratio_abs", "kl", "entropy", "is_weight")
+KL_CODES = {"k1": 1, "k2": 2, "k3": 3}
+
+
+@dataclass(frozen=True)
+class PolicyLossParams:
+    eps_low: float = 0.2  # lower clip bound is 1 − eps_low
+    eps_high: float = 0.2  # upper clip bound is 1 + eps_high
+    dual_clip: float | None = None  # c > 1 caps the A < 0 loss at −c·A
+    beta: float = 0.0  # KL coefficient (the KL is still computed for the metric when ref is given)
+    kl: str = "k3"  # estimator of KL(π‖π_ref) per token
+    entropy_coef: float = 0.0  # α of the −α·H bonus
+    is_cap: float | None = None  # truncation C of the rollout importance weight
+    seq_ratio: bool = False  # GSPO: one ratio per sequence, exp of the masked mean log ratio
+
+
+def kl_term(rho: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token KL estimate from ρ = logp_ref − logp."""
+    if kind == "k1":
+        return -rho
+    if kind == "k2":
+        return 0.5 * rho * rho
+    return torch.expm1(rho) - rho
+
+
+def policy_rows_torch(logp, advantages, mask, old, ref, rollout, entropy, params: PolicyLossParams):
+    """`[B, T]` inputs (advantages `[B]` or `[B, T]`; optional ones None) → (row_loss `[B]`, stats `[B, K]`).
+
+    Computes in float32 (float64 when logp is float64). old/ref/rollout/advantages are constants.
+    """
+    dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
+    m = mask if mask.dtype == torch.bool else mask != 0
+    mf = m.to(dt)
+    lp = torch.where(m, logp.to(dt), 0.0)
+    adv = advantages.detach().to(dt)
+    adv = torch.where(m, adv if adv.dim() == 2 else adv.unsqueeze(-1), 0.0)
+    old_c = lp.detach() if old is None else torch.where(m, old.detach().to(dt), 0.0)
+    delta = lp - old_c
+    if params.seq_ratio:
+        log_r = (delta.sum(-1, keepdim=True) / mf.sum(-1, keepdim=True).clamp(min=1)).expand_as(delta)
+    else:
+        log_r = delta
+    r = torch.exp(log_r)
+    lo, hi = 1.0 - params.eps_low, 1.0 + params.eps_high
+    pg = torch.maximum(-r * adv, -r.clamp(lo, hi) * adv)
+    zero = torch.zeros_like(mf)
+    clip_dual = zero
+    if params.dual_clip is not None:
+        cap = -params.dual_clip * adv
+        dual = (adv < 0) & (pg > cap)
+        clip_dual = (dual & m).to(dt)
+        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
+    w = torch.ones_like(mf)
+    if rollout is not None:
+        log_w = torch.where(m, old_c.detach() - rollout.detach().to(dt), 0.0)
+        w = torch.exp(log_w).clamp(max=params.is_cap)
+        pg = w * pg
+    loss = pg
+    kl = zero
+    if ref is not None:
+        kl = kl_term(torch.where(m, ref.detach().to(dt), 0.0) - lp, params.kl)
+        if params.beta != 0:
+            loss = loss + params.beta * kl
+    h = zero
+    if entropy is not None:
+        h = torch.where(m, entropy.to(dt), 0.0)
+        if params.entropy_coef != 0:
+            loss = loss - params.entropy_coef * h
+    row_loss = (loss * mf).sum(-1)
+    with torch.no_grad():
+        cols = (
+            mf,
+            (m & (r < lo) & (adv < 0)).to(dt),
+            (m & (r > hi) & (adv > 0)).to(dt),
+            clip_dual,
+            r * mf,
+            log_r.abs() * mf,
+            kl * mf,
+            h * mf,
+            w * mf,
+        )
+        stats = torch.stack([c.sum(-1) for c in cols], dim=-1).float()
+    return row_loss.float() if dt == torch.float32 else row_loss, stats

@@ -1,0 +1,113 @@
+"""`grpo_loss` / `GRPOLoss`: hidden states → token log-probs → policy loss, without `[B, T, V]` logits."""
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from fastrl.kernels import token_logprobs
+
+from .config import LossConfig
+from .policy import LossOutput, policy_loss
+
+IGNORE_INDEX = -100
+
+
+def grpo_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
+    config: LossConfig | None = None,
+    normalizer=None,
+    impl: str = "auto",
+) -> LossOutput:
+    """Fused GRPO/PPO loss straight from the LM body's hidden states (SPEC §1–3).
+
+    The logits are divided by config.temperature (match the sampler's). The entropy is computed only
+    when config.entropy_coef != 0 (it costs an extra pass over the vocabulary); only then is
+    metrics["entropy_mean"] present. Gradients flow into hidden, weight and bias in one backward;
+    a weight tied to the input embedding receives the sum of both gradients, as autograd does.
+
+    Args:
+        hidden: `[B, T, D]` hidden states after the final norm; position t predicts targets[:, t].
+        weight: `[V, D]` LM-head weight (e.g. `model.lm_head.weight`). bias: optional `[V]`.
+        targets: `[B, T]` int token ids. At masked positions they may be any id or -100 (ignored);
+            a mask-1 position must hold a real id.
+        mask, advantages, old_logprobs, ref_logprobs, rollout_logprobs, config, normalizer, impl:
+            as in `policy_loss`; `impl` also picks the log-prob implementation.
+
+    Returns:
+        LossOutput(loss, metrics), as `policy_loss`.
+    """
+    config = LossConfig() if config is None else config
+    if not isinstance(config, LossConfig):
+        raise TypeError(f"config must be a LossConfig or None, got {type(config).__name__}")
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
+        raise ValueError(f"hidden must be a [B, T, D] tensor, got {getattr(hidden, 'shape', type(hidden).__name__)}")
+    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(hidden.shape[:2]):
+        raise ValueError(
+            f"mask must be a [B, T] = {tuple(hidden.shape[:2])} tensor, got {getattr(mask, 'shape', mask)}"
+        )
+    if (
+        isinstance(targets, torch.Tensor)
+        and tuple(targets.shape) == tuple(mask.shape)
+        and mask.device == targets.device
+    ):
+        live = mask if mask.dtype == torch.bool else mask != 0
+        if targets.numel() and bool((live & (targets == IGNORE_INDEX)).any()):
+            raise ValueError(f"targets hold ignore_index={IGNORE_INDEX} at a position where mask is 1")
+        # Masked positions are ignored by the log-prob op: any id is allowed there and costs no gradient.
+        targets = torch.where(live, targets, torch.full_like(targets, IGNORE_INDEX))
+    need_entropy = config.entropy_coef != 0
+    out = token_logprobs(
+        hidden,
+        weight,
+        targets,
+        bias=bias,
+        temperature=config.temperature,
+        ignore_index=IGNORE_INDEX,
+        return_entropy=need_entropy,
+        impl=impl,
+    )
+    logp, entropy = out if need_entropy else (out, None)
+    return policy_loss(
+        logp,
+        advantages,
+        mask,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        rollout_logprobs=rollout_logprobs,
+        entropy=entropy,
+        config=config,
+        normalizer=normalizer,
+        impl=impl,
+    )
+
+
+class GRPOLoss(nn.Module):
+    """`nn.Module` wrapper of `grpo_loss`: `GRPOLoss(loss_agg="grpo", beta=0.04, ...)` takes the
+    `LossConfig` fields (or `config=`), plus `impl`; forward takes grpo_loss's tensors."""
+
+    def __init__(self, *, config: LossConfig | None = None, impl: str = "auto", **fields):
+        super().__init__()
+        if config is not None and fields:
+            raise ValueError(f"pass either config or LossConfig fields, not both (got fields {sorted(fields)})")
+        known = {f.name for f in dataclasses.fields(LossConfig)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise TypeError(f"unknown LossConfig field(s) {unknown}; known: {sorted(known)}")
+        self.config = config if config is not None else LossConfig(**fields)
+        self.impl = impl
+
+    def forward(self, hidden, weight, targets, mask, advantages, **kwargs) -> LossOutput:
+        return grpo_loss(hidden, weight, targets, mask, advantages, config=self.config, impl=self.impl, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"{self.config}, impl={self.impl!r}"

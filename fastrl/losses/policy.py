@@ -1,0 +1,184 @@
+"""`policy_loss`: the PPO/GRPO policy loss from per-token log-probs (SPEC §2–3)."""
+
+from typing import NamedTuple
+
+import torch
+
+from fastrl.kernels.api import resolve_impl
+from fastrl.kernels.policy_loss_torch import STATS, PolicyLossParams, policy_rows_torch
+
+from .config import LossConfig
+
+
+class LossOutput(NamedTuple):
+    loss: torch.Tensor  # scalar float32, differentiable
+    metrics: dict  # name → detached 0-dim float32 tensor (no host sync); means over this call's masked tokens
+
+
+def _tensor(name, t, *, optional=False):
+    if t is None and optional:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor{' or None' if optional else ''}, got {type(t).__name__}")
+
+
+def check_policy_inputs(logprobs, advantages, mask, old, ref, rollout, entropy, config: LossConfig) -> None:
+    """Raise TypeError/ValueError naming the bad value; see `policy_loss` for the contract."""
+    _tensor("logprobs", logprobs)
+    _tensor("advantages", advantages)
+    _tensor("mask", mask)
+    if not logprobs.is_floating_point():
+        raise TypeError(f"logprobs must be a floating tensor, got dtype {logprobs.dtype}")
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
+    shape, device = tuple(logprobs.shape), logprobs.device
+    if tuple(mask.shape) != shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} must equal logprobs shape {shape}")
+    if mask.is_complex():
+        raise TypeError(f"mask must be bool, integer or floating 0/1, got dtype {mask.dtype}")
+    if not advantages.is_floating_point():
+        raise TypeError(f"advantages must be a floating tensor, got dtype {advantages.dtype}")
+    if tuple(advantages.shape) not in (shape[:1], shape):
+        raise ValueError(f"advantages must be [B] = {shape[:1]} or [B, T] = {shape}, got {tuple(advantages.shape)}")
+    named = (("old_logprobs", old), ("ref_logprobs", ref), ("rollout_logprobs", rollout), ("entropy", entropy))
+    for name, t in named:
+        _tensor(name, t, optional=True)
+        if t is None:
+            continue
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} must equal logprobs shape {shape}")
+        if t.dtype != logprobs.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} must equal logprobs dtype {logprobs.dtype}")
+    for name, t in (("advantages", advantages), ("mask", mask)) + named:
+        if t is not None and t.device != device:
+            raise ValueError(f"{name} is on {t.device} but logprobs is on {device}")
+    if config.beta > 0 and ref is None:
+        raise ValueError(f"config.beta={config.beta} > 0 needs ref_logprobs")
+    if config.is_cap is not None and rollout is None:
+        raise ValueError(f"config.is_cap={config.is_cap} needs rollout_logprobs (the sampler's log-probs)")
+    if rollout is not None and config.is_cap is None:
+        raise ValueError("rollout_logprobs was given but config.is_cap is None: set is_cap to apply the IS weight")
+    if config.entropy_coef != 0 and entropy is None:
+        raise ValueError(f"config.entropy_coef={config.entropy_coef} != 0 needs entropy")
+    if mask.dtype != torch.bool and mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
+        bad = mask[(mask != 0) & (mask != 1)][0].item()
+        raise ValueError(f"mask must hold only 0 and 1, found {bad}")
+
+
+def _normalizer(normalizer, default: torch.Tensor) -> torch.Tensor:
+    if normalizer is None:
+        norm = default
+    elif isinstance(normalizer, torch.Tensor):
+        if normalizer.numel() != 1 or normalizer.is_complex() or normalizer.dtype == torch.bool:
+            raise ValueError(
+                f"normalizer tensor must be one real number, got shape {tuple(normalizer.shape)} {normalizer.dtype}"
+            )
+        norm = normalizer.detach().reshape(()).to(device=default.device, dtype=torch.float32)
+    else:
+        if isinstance(normalizer, bool) or not isinstance(normalizer, (int, float)):
+            raise TypeError(f"normalizer must be a number, a 1-element tensor or None, got {type(normalizer).__name__}")
+        if not 0 <= normalizer < float("inf"):
+            raise ValueError(f"normalizer must be a finite count >= 0, got {normalizer}")
+        norm = torch.tensor(float(normalizer), device=default.device)
+    # An empty step (count 0) has a zero numerator: divide by 1 to return 0, not 0/0.
+    return torch.where(norm > 0, norm, torch.ones_like(norm))
+
+
+def aggregate(row_loss: torch.Tensor, tokens: torch.Tensor, config: LossConfig, normalizer) -> torch.Tensor:
+    """SPEC §3: per-sequence masked sums `[B]` and token counts `[B]` → the scalar loss."""
+    batch = torch.tensor(float(row_loss.shape[0]), device=row_loss.device)
+    if config.loss_agg == "token-mean":
+        numerator, default = row_loss.sum(), tokens.sum()
+    elif config.loss_agg == "seq-mean-token-mean":
+        numerator, default = (row_loss / tokens.clamp(min=1)).sum(), batch
+    elif config.loss_agg == "seq-mean-token-sum":
+        numerator, default = row_loss.sum(), batch
+    else:
+        numerator, default = row_loss.sum() / config.max_completion_length, batch
+    return numerator / _normalizer(normalizer, default)
+
+
+def kernel_params(config: LossConfig) -> PolicyLossParams:
+    return PolicyLossParams(
+        eps_low=float(config.eps_low),
+        eps_high=float(config.eps_high),
+        dual_clip=None if config.dual_clip is None else float(config.dual_clip),
+        beta=float(config.beta),
+        kl=config.kl,
+        entropy_coef=float(config.entropy_coef),
+        is_cap=None if config.is_cap is None else float(config.is_cap),
+        seq_ratio=config.ratio_level == "sequence",
+    )
+
+
+def metrics_from_stats(stats: torch.Tensor, config: LossConfig, has_ref: bool, has_entropy: bool, has_is: bool):
+    totals = dict(zip(STATS, stats.sum(0).unbind()))
+    tokens = totals["tokens"]
+    denom = tokens.clamp(min=1)
+    names = ["clip_low", "clip_high", "ratio", "log_ratio_abs"]
+    names += ["clip_dual"] if config.dual_clip is not None else []
+    names += ["kl"] if has_ref else []
+    names += ["entropy"] if has_entropy else []
+    names += ["is_weight"] if has_is else []
+    metrics = {}
+    for name in names:
+        key = name.replace("clip_", "clip_frac_") if name.startswith("clip_") else f"{name}_mean"
+        metrics[key] = totals[name] / denom
+    metrics["num_tokens"] = tokens
+    return metrics
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    config: LossConfig | None = None,
+    normalizer=None,
+    impl: str = "auto",
+) -> LossOutput:
+    """Clipped policy-gradient loss with KL, entropy bonus and rollout IS correction (SPEC §2–3).
+
+    Args:
+        logprobs: `[B, T]` log π(y_t) of the current policy (differentiable).
+        advantages: `[B]` (one per sequence) or `[B, T]` (per token); a constant.
+        mask: `[B, T]` bool or 0/1; 1 = completion token that counts. Masked positions may hold anything.
+        old_logprobs: `[B, T]` log-probs of the policy that sampled the batch; None = on-policy
+            (ratio 1, gradient −A·∇logp).
+        ref_logprobs: `[B, T]` reference-model log-probs; needed when config.beta > 0, else metric only.
+        rollout_logprobs: `[B, T]` the inference engine's log-probs; with config.is_cap they give the
+            detached weight min(exp(old − rollout), is_cap).
+        entropy: `[B, T]` per-token entropy (differentiable); needed when config.entropy_coef != 0.
+        config: a `LossConfig` (default `LossConfig()`).
+        normalizer: the GLOBAL count of the optimizer step (tokens for token-mean, sequences for the
+            seq-mean modes) when one step is split over micro-batches or ranks; default: this batch's.
+        impl: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
+
+    Returns:
+        LossOutput(loss, metrics). metrics: clip_frac_low, clip_frac_high, ratio_mean, log_ratio_abs_mean
+        (of the ratio actually used, i.e. the sequence ratio under GSPO), clip_frac_dual with dual_clip,
+        kl_mean with ref_logprobs, entropy_mean with entropy, is_weight_mean with the IS weight, and
+        num_tokens; means are over this call's masked tokens (0 when there are none).
+    """
+    config = LossConfig() if config is None else config
+    if not isinstance(config, LossConfig):
+        raise TypeError(f"config must be a LossConfig or None, got {type(config).__name__}")
+    check_policy_inputs(logprobs, advantages, mask, old_logprobs, ref_logprobs, rollout_logprobs, entropy, config)
+    impl = resolve_impl(impl, logprobs.device)
+    params = kernel_params(config)
+    args = (logprobs, advantages, mask, old_logprobs, ref_logprobs, rollout_logprobs, entropy, params)
+    if impl == "triton":
+        from fastrl.kernels.policy_loss_triton import policy_rows_triton
+
+        row_loss, stats = policy_rows_triton(*args)
+    else:
+        row_loss, stats = policy_rows_torch(*args)
+    loss = aggregate(row_loss, stats[:, 0].to(row_loss.dtype), config, normalizer)
+    metrics = metrics_from_stats(
+        stats, config, ref_logprobs is not None, entropy is not None, rollout_logprobs is not None
+    )
+    return LossOutput(loss, metrics)
