@@ -1,0 +1,187 @@
+"""Backward: recompute logit tiles, form ∂L/∂z (SPEC §1), then the two gradient GEMMs.
+
+Design trade-off. The gradient GEMMs have D = 4096 wide outputs, so a fused tile kernel cannot keep
+its d_hidden `[BLOCK_N, D]` / d_weight `[BLOCK_V, D]` accumulators on chip: either it adds them
+atomically into fp32 buffers once per tile, (1/BLOCK_N + 1/BLOCK_V)·N·V·D atomics (~0.6 TB of
+traffic at N = 16k, V = 152k), or it recomputes the logits once per output, 2× the FLOPs. Instead
+the vocab is walked in chunks: `logprob_dz_kernel` recomputes each `[BLOCK_N, BLOCK_V]` logit tile
+(tensor-core K-loop, as in the forward) and writes ∂L/∂z / τ for one `[N, V_chunk]` slab in the
+input dtype, bounded by `configs.BWD_SLAB_BYTES` (never `[N, V]`); cuBLAS then does
+d_weight[chunk] = slabᵀ h (complete, fp32-accumulated inside the GEMM) and
+d_hidden += slab W[chunk] (fp32 across chunks). That is the 6·N·D·V FLOP floor, with 4·N·D·V of it
+at cuBLAS speed, and O(N·D) fp32 extra memory besides the slab.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from . import configs
+from .logprob_fwd import dot_precision, dot_upcast, logit_tile
+from .params import LogprobParams
+
+
+@triton.heuristics(
+    {
+        "HAS_BIAS": lambda args: args["bias"] is not None,
+        "HAS_ENTROPY_GRAD": lambda args: args["grad_entropy"] is not None,
+    }
+)
+@triton.jit
+def logprob_dz_kernel(
+    hidden,
+    weight,
+    bias,
+    targets,
+    lse,
+    entropy,
+    grad_logp,
+    grad_entropy,
+    dz,
+    N,
+    D,
+    v_lo,
+    n_cols,
+    inv_temperature,
+    ignore_index,
+    n_bucket,
+    stride_hn,
+    stride_hd,
+    stride_wv,
+    stride_wd,
+    stride_b,
+    stride_y,
+    stride_dzn,
+    HAS_BIAS: tl.constexpr,
+    HAS_ENTROPY_GRAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    i_c = tl.program_id(1).to(tl.int64)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    o_c = i_c * BLOCK_V + tl.arange(0, BLOCK_V)
+    m_c = o_c < n_cols
+    o_v = v_lo + o_c
+
+    b_z = logit_tile(
+        hidden, weight, o_n, m_n, o_v, m_c, D, stride_hn, stride_hd, stride_wv, stride_wd,
+        BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
+    )  # fmt: skip
+    if HAS_BIAS:
+        b_b = tl.load(bias + o_v * stride_b, mask=m_c, other=0.0).to(tl.float32)
+        b_z += b_b[None, :]
+    b_z = b_z * inv_temperature  # [BN, BV]
+
+    b_y = tl.load(targets + o_n * stride_y, mask=m_n, other=ignore_index)
+    m_r = m_n & (b_y != ignore_index)
+    b_lse = tl.load(lse + o_n, mask=m_n, other=0.0)
+    b_g = tl.load(grad_logp + o_n, mask=m_r, other=0.0)
+    b_p = tl.exp(b_z - b_lse[:, None])  # [BN, BV]
+    b_dz = tl.where(o_v[None, :] == b_y[:, None], b_g[:, None], 0.0) - b_g[:, None] * b_p
+    if HAS_ENTROPY_GRAD:
+        # z − Σ_u p z = log p + H
+        b_h = tl.load(entropy + o_n, mask=m_n, other=0.0)
+        b_e = tl.load(grad_entropy + o_n, mask=m_r, other=0.0)
+        b_dz -= b_e[:, None] * b_p * (b_z - b_lse[:, None] + b_h[:, None])
+    b_dz = tl.where(m_r[:, None] & m_c[None, :], b_dz * inv_temperature, 0.0)
+
+    p_dz = dz + o_n[:, None] * stride_dzn + o_c[None, :]
+    tl.store(p_dz, b_dz.to(dz.dtype.element_ty), mask=m_n[:, None] & m_c[None, :])
+
+
+_OUT_DTYPE_MM = {}
+
+
+def _mm_f32(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """acc + a @ b in float32, with half-precision a, b fed to the GEMM as they are when torch can."""
+    if a.dtype == torch.float32:
+        return a @ b if acc is None else acc.addmm_(a, b)
+    dev = a.device.type
+    if _OUT_DTYPE_MM.get(dev, True):
+        try:
+            if acc is None:
+                return torch.mm(a, b, out_dtype=torch.float32)
+            return torch.addmm(acc, a, b, out_dtype=torch.float32)
+        except (NotImplementedError, RuntimeError, TypeError):
+            _OUT_DTYPE_MM[dev] = False
+    # Older torch or CPU: each chunk's product is rounded to the input dtype once, then summed in fp32.
+    prod = (a @ b).float()
+    return prod if acc is None else acc.add_(prod)
+
+
+def slab_cols(n_tokens: int, vocab: int, elem_bytes: int) -> int:
+    """Vocab columns per backward chunk: the slab stays under BWD_SLAB_BYTES, a multiple of every BLOCK_V."""
+    unit = max(c.kwargs["BLOCK_V"] for cs in configs.AUTOTUNE_CONFIGS.values() for c in cs)
+    cols = configs.BWD_SLAB_BYTES // max(1, n_tokens * elem_bytes) // unit * unit
+    return min(max(unit, cols), triton.cdiv(vocab, unit) * unit)
+
+
+def logprob_backward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None,
+    lse: torch.Tensor,
+    entropy: torch.Tensor | None,
+    grad_logp: torch.Tensor | None,
+    grad_entropy: torch.Tensor | None,
+    params: LogprobParams,
+    needs: tuple[bool, bool, bool],
+    chunk_cols: int | None = None,
+):
+    """(d_hidden, d_weight, d_bias), each None unless `needs` (hidden, weight, bias) asks for it.
+
+    `lse`, `entropy`, `grad_*` are `[N]` float32; `chunk_cols` overrides the slab width (tests).
+    """
+    n, d = hidden.shape
+    v = weight.shape[0]
+    dev = hidden.device
+    if chunk_cols is None:
+        chunk_cols = slab_cols(n, v, hidden.element_size())
+    chunk_cols = min(chunk_cols, v)
+    grad_logp = torch.zeros(n, dtype=torch.float32, device=dev) if grad_logp is None else grad_logp.float()
+    if grad_entropy is not None:
+        if entropy is None:
+            raise ValueError("an entropy gradient needs the forward's entropy (return_entropy=True)")
+        grad_entropy = grad_entropy.float().contiguous()
+    grad_logp = grad_logp.contiguous()
+
+    fn, kwargs = configs.kernel_and_kwargs("logprob_dz", logprob_dz_kernel, ["n_bucket", "n_cols", "D"], dev)
+    dz = configs.alloc((n, chunk_cols), hidden.dtype, dev)
+    d_weight = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if needs[1] else None
+    d_bias = torch.empty(v, dtype=torch.float32, device=dev) if needs[2] else None
+    d_hidden = None
+    for v_lo in range(0, v, chunk_cols):
+        cols = min(chunk_cols, v - v_lo)
+
+        def grid(meta):
+            return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(cols, meta["BLOCK_V"]))
+
+        fn[grid](
+            hidden, weight, bias, targets, lse, entropy, grad_logp, grad_entropy, dz,
+            n, d, v_lo, cols, 1.0 / params.temperature, params.ignore_index, configs.token_bucket(n),
+            hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
+            bias.stride(0) if bias is not None else 0, targets.stride(0), dz.stride(0),
+            DOT_PRECISION=dot_precision(hidden.dtype), DOT_UPCAST=dot_upcast(hidden.dtype), **kwargs,
+        )  # fmt: skip
+        slab = dz[:, :cols]
+        w_chunk = weight[v_lo : v_lo + cols]
+        if d_weight is not None:
+            torch.mm(slab.t(), hidden, out=d_weight[v_lo : v_lo + cols])
+        if d_bias is not None:
+            d_bias[v_lo : v_lo + cols] = slab.sum(0, dtype=torch.float32)
+        if needs[0]:
+            if cols == v:
+                d_hidden = slab @ w_chunk
+            else:
+                d_hidden = _mm_f32(d_hidden, slab, w_chunk)
+    if d_hidden is not None:
+        d_hidden = d_hidden.to(hidden.dtype)
+    if d_bias is not None:
+        d_bias = d_bias.to(bias.dtype)
+    return d_hidden, d_weight, d_bias

@@ -1,0 +1,209 @@
+"""Forward: per-token logsumexp, target logit and entropy statistics, straight from hidden and weight.
+
+Grid = (token blocks, vocab splits). Each program builds `[BLOCK_N, BLOCK_V]` logit tiles with a
+tensor-core K-loop over D and folds them into an online logsumexp over its slice of the vocab.
+It writes four partials per (split, token): running max m, Σ exp(z − m), Σ exp(z − m)(z − m) and
+the target logit; `merge_partials` combines the splits with O(N · splits) torch ops. Splitting the
+vocab keeps 132 SMs busy when N is small; with many tokens there is one split and the merge is a
+few elementwise ops. Entropy is accumulated relative to the running max, H = log S − T / S, so it
+does not cancel two large numbers when the logits are large.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from . import configs
+from .params import LogprobParams
+
+# Start value of the running max: finite so that (m_old − m_new) · 0 stays 0 on the first tile.
+_M_INIT = -1e30
+
+
+def dot_precision(dtype: torch.dtype):
+    """tl.dot input precision: only fp32 inputs have a choice; follow torch's matmul setting."""
+    if dtype != torch.float32:
+        return None
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def dot_upcast(dtype: torch.dtype) -> bool:
+    """The Triton interpreter feeds bf16 tiles to tl.dot as raw uint16 bits; upcast them there only."""
+    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def logit_tile(
+    hidden,
+    weight,
+    o_n,
+    m_n,
+    o_v,
+    m_v,
+    D,
+    stride_hn,
+    stride_hd,
+    stride_wv,
+    stride_wd,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    o_d = tl.arange(0, BLOCK_D)
+    p_h = hidden + o_n[:, None] * stride_hn + o_d[None, :] * stride_hd  # [BN, BD]
+    p_w = weight + o_v[None, :] * stride_wv + o_d[:, None] * stride_wd  # [BD, BV]
+    b_acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(D, BLOCK_D)):
+        m_d = o_d < D - i_k * BLOCK_D
+        b_h = tl.load(p_h, mask=m_n[:, None] & m_d[None, :], other=0.0)
+        b_w = tl.load(p_w, mask=m_d[:, None] & m_v[None, :], other=0.0)
+        if DOT_UPCAST:
+            b_h = b_h.to(tl.float32)
+            b_w = b_w.to(tl.float32)
+        b_acc = tl.dot(b_h, b_w, b_acc, input_precision=DOT_PRECISION)
+        p_h += BLOCK_D * stride_hd
+        p_w += BLOCK_D * stride_wd
+    return b_acc
+
+
+@triton.heuristics(
+    {
+        "HAS_BIAS": lambda args: args["bias"] is not None,
+        "HAS_ENTROPY": lambda args: args["part_t"] is not None,
+    }
+)
+@triton.jit
+def logprob_fwd_kernel(
+    hidden,
+    weight,
+    bias,
+    targets,
+    part_m,
+    part_s,
+    part_t,
+    part_zt,
+    N,
+    V,
+    D,
+    n_splits,
+    inv_temperature,
+    n_bucket,
+    stride_hn,
+    stride_hd,
+    stride_wv,
+    stride_wd,
+    stride_b,
+    stride_y,
+    HAS_BIAS: tl.constexpr,
+    HAS_ENTROPY: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    i_s = tl.program_id(1)
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    b_y = tl.load(targets + o_n * stride_y, mask=m_n, other=-1)
+
+    tiles_per_split = tl.cdiv(tl.cdiv(V, BLOCK_V), n_splits)
+    t_lo = i_s * tiles_per_split
+    t_hi = tl.minimum(t_lo + tiles_per_split, tl.cdiv(V, BLOCK_V))
+
+    b_m = tl.full([BLOCK_N], _M_INIT, dtype=tl.float32)
+    b_s = tl.zeros([BLOCK_N], dtype=tl.float32)
+    b_t = tl.zeros([BLOCK_N], dtype=tl.float32)
+    b_zt = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i_t in range(t_lo, t_hi):
+        o_v = (i_t * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
+        m_v = o_v < V
+        b_z = logit_tile(
+            hidden, weight, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv, stride_wd,
+            BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
+        )  # fmt: skip
+        if HAS_BIAS:
+            b_b = tl.load(bias + o_v * stride_b, mask=m_v, other=0.0).to(tl.float32)
+            b_z += b_b[None, :]
+        b_z = tl.where(m_v[None, :], b_z * inv_temperature, float("-inf"))  # [BN, BV]
+        b_zt += tl.sum(tl.where(o_v[None, :] == b_y[:, None], b_z, 0.0), axis=1)
+
+        b_mn = tl.maximum(b_m, tl.max(b_z, axis=1))
+        b_alpha = tl.exp(b_m - b_mn)
+        b_p = tl.exp(b_z - b_mn[:, None])  # [BN, BV], 0 on masked columns
+        if HAS_ENTROPY:
+            b_pz = b_p * tl.where(m_v[None, :], b_z - b_mn[:, None], 0.0)
+            b_t = b_alpha * (b_t + (b_m - b_mn) * b_s) + tl.sum(b_pz, axis=1)
+        b_s = b_alpha * b_s + tl.sum(b_p, axis=1)
+        b_m = b_mn
+
+    o_out = i_s.to(tl.int64) * N + o_n
+    tl.store(part_m + o_out, b_m, mask=m_n)
+    tl.store(part_s + o_out, b_s, mask=m_n)
+    tl.store(part_zt + o_out, b_zt, mask=m_n)
+    if HAS_ENTROPY:
+        tl.store(part_t + o_out, b_t, mask=m_n)
+
+
+def merge_partials(part_m, part_s, part_t, part_zt, valid):
+    """Combine `[splits, N]` partials into (logp, lse, entropy or None), zero on ignored rows."""
+    b_m = part_m.amax(0)
+    scale = torch.exp(part_m - b_m)
+    s = (scale * part_s).sum(0)
+    lse = b_m + torch.log(s)
+    zero = torch.zeros((), dtype=torch.float32, device=lse.device)
+    logp = torch.where(valid, part_zt.sum(0) - lse, zero)
+    entropy = None
+    if part_t is not None:
+        t = (scale * (part_t + (part_m - b_m) * part_s)).sum(0)
+        entropy = torch.where(valid, torch.log(s) - t / s, zero)
+    return logp, lse, entropy
+
+
+def choose_splits(n_tokens: int, vocab: int, block_n: int, block_v: int, device: torch.device) -> int:
+    """Vocab splits so that token blocks × splits fills about FWD_WAVES programs per SM."""
+    n_blocks = triton.cdiv(n_tokens, block_n)
+    want = triton.cdiv(configs.FWD_WAVES * configs.sm_count(device), n_blocks)
+    return max(1, min(want, triton.cdiv(vocab, block_v)))
+
+
+def logprob_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None,
+    params: LogprobParams,
+    n_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`[N, D]`, `[V, D]`, `[N]`, `[V]`|None → (logp `[N]`, lse `[N]`, entropy `[N]`|None), float32.
+
+    `n_splits` overrides the vocab split count (tests use it to force the multi-split merge).
+    """
+    n, d = hidden.shape
+    v = weight.shape[0]
+    fn, kwargs = configs.kernel_and_kwargs("logprob_fwd", logprob_fwd_kernel, ["n_bucket", "V", "D"], hidden.device)
+    cfg = configs.default_config("logprob_fwd", hidden.device).kwargs
+    if n_splits is None:
+        n_splits = choose_splits(n, v, cfg["BLOCK_N"], cfg["BLOCK_V"], hidden.device)
+    parts = [configs.alloc((n_splits, n), torch.float32, hidden.device) for _ in range(3)]
+    part_t = configs.alloc((n_splits, n), torch.float32, hidden.device) if params.return_entropy else None
+    part_m, part_s, part_zt = parts
+
+    def grid(meta):
+        return (triton.cdiv(n, meta["BLOCK_N"]), n_splits)
+
+    fn[grid](
+        hidden, weight, bias, targets, part_m, part_s, part_t, part_zt,
+        n, v, d, n_splits, 1.0 / params.temperature, configs.token_bucket(n),
+        hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
+        bias.stride(0) if bias is not None else 0, targets.stride(0),
+        DOT_PRECISION=dot_precision(hidden.dtype), DOT_UPCAST=dot_upcast(hidden.dtype), **kwargs,
+    )  # fmt: skip
+    valid = targets != params.ignore_index
+    logp, lse, entropy = merge_partials(part_m, part_s, part_t, part_zt, valid)
+    return logp, lse, entropy
