@@ -1,17 +1,12 @@
 """grpo_loss from hidden states against the float64 full-logits oracle, and the nn.Module wrapper."""
 
-import importlib.util
-
 import pytest
 import torch
 from loss_oracle import oracle_logprobs, oracle_loss
 
 from fastrl import GRPOLoss, LossConfig, grpo_loss
 
-# The Triton log-prob op is written in parallel; its tests join once fastrl/kernels/triton_function.py lands.
-HAS_TRITON_LOGPROBS = importlib.util.find_spec("fastrl.kernels.triton_function") is not None
-HAS_TRITON_POLICY = importlib.util.find_spec("fastrl.kernels.policy_loss_triton") is not None
-IMPLS = ["torch"] + (["triton"] if HAS_TRITON_LOGPROBS and HAS_TRITON_POLICY else [])
+IMPLS = ["torch", "triton"]
 
 
 def make_inputs(B=3, T=7, D=24, V=53, seed=0):
