@@ -3,7 +3,7 @@
 Forward walks the tokens in chunks, builds one `[C, V]` logit tile at a time and keeps only the
 O(N) statistics (lse, logp, entropy). Backward recomputes each tile from hidden and weight and
 accumulates d_hidden, d_weight and d_bias in float32. The chunk size is picked so a tile stays
-near `FASTRL_CHUNK_BYTES` (default 64 MiB), whatever N is.
+near `FASTRL_CHUNK_BYTES` (default 32 MiB), whatever N is.
 """
 
 import os
@@ -12,7 +12,7 @@ import torch
 
 from .params import LogprobParams
 
-_DEFAULT_CHUNK_BYTES = 64 * 2**20
+_DEFAULT_CHUNK_BYTES = 32 * 2**20
 
 
 def chunk_rows(vocab: int) -> int:
@@ -23,10 +23,8 @@ def chunk_rows(vocab: int) -> int:
 
 def _tile(hidden, weight, bias, temperature):
     # [C, V] float32 logits / temperature; the matmul runs in the input dtype, as eager does
-    z = hidden @ weight.T
-    if bias is not None:
-        z = z + bias
-    return z.float() / temperature
+    z = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
+    return z.float().div_(temperature)
 
 
 def _forward(hidden, weight, targets, bias, params: LogprobParams):
@@ -45,7 +43,7 @@ def _forward(hidden, weight, targets, bias, params: LogprobParams):
         logp[sl] = z.gather(-1, safe[sl].unsqueeze(-1)).squeeze(-1) - c_lse
         if entropy is not None:
             z.sub_(c_lse.unsqueeze(-1))  # z is now log p
-            entropy[sl] = -(z.exp() * z).sum(-1)
+            entropy[sl] = -z.exp().mul_(z).sum(-1)
     zero = torch.zeros((), dtype=torch.float32, device=hidden.device)
     logp = torch.where(valid, logp, zero)
     if entropy is not None:
@@ -65,17 +63,18 @@ def _backward(hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entro
     rows = chunk_rows(weight.shape[0])
     for start in range(0, n, rows):
         sl = slice(start, min(n, start + rows))
-        z = _tile(hidden[sl], weight, bias, tau)
-        p = (z - lse[sl].unsqueeze(-1)).exp_()
-        dz = torch.zeros_like(z)
-        if g is not None:
-            dz -= g[sl].unsqueeze(-1) * p
-            dz.scatter_add_(-1, safe[sl].unsqueeze(-1), g[sl].unsqueeze(-1))
+        z = _tile(hidden[sl], weight, bias, tau).sub_(lse[sl].unsqueeze(-1))  # log p
+        p = z.exp()
         if e is not None:
-            # Σ_u p z = lse − H, so z − Σ p z = z − lse + H = log p + H
-            centered = z.sub_(lse[sl].unsqueeze(-1)).add_(entropy[sl].unsqueeze(-1))
-            dz -= e[sl].unsqueeze(-1) * p * centered
-        dz /= tau
+            # z − Σ_u p z = log p + H; the entropy term is −e·p·(log p + H)
+            dz = z.add_(entropy[sl].unsqueeze(-1)).mul_(p).mul_(-e[sl].unsqueeze(-1))
+        else:
+            dz = z.zero_()
+        if g is not None:
+            dz.addcmul_(p, g[sl].unsqueeze(-1), value=-1.0)
+            dz.scatter_add_(-1, safe[sl].unsqueeze(-1), g[sl].unsqueeze(-1))
+        del p
+        dz.div_(tau)
         if d_bias is not None:
             d_bias += dz.sum(0)
         if d_hidden is not None:
