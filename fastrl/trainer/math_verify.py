@@ -1,0 +1,253 @@
+"""Sympy side of the math verifier: parse leaves, compare expressions, equations, inequalities and structures.
+
+``is_equiv`` has NO time limit of its own: sympy can run for minutes (or forever) on hostile input, so it is
+meant to run inside a verifier worker that the parent kills at the deadline (``verifier_pool``). LaTeX is parsed
+with latex2sympy2_extended (pinned in setup.py; see docs/rewards.md for why), plain text with sympy's
+``parse_expr``. Like ``math_normalize``, this module must never import torch: the workers load it without the
+package ``__init__``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import sympy
+from latex2sympy2_extended import latex2sympy
+from latex2sympy2_extended.math_normalization import NormalizationConfig
+from sympy.parsing.sympy_parser import (
+    convert_xor,
+    implicit_multiplication_application,
+    parse_expr,
+    standard_transformations,
+)
+
+from .math_normalize import Equation, Leaf, Seq, normalize, parse_structure, quick_equal, split_marker
+
+# Relative agreement that counts as equal at one evaluation point (values are computed to 30 digits).
+_REL_TOL = sympy.Float("1e-12")
+# Relative disagreement that proves two values different; between the two a symbolic check decides.
+_REL_DIFFERENT = sympy.Float("1e-6")
+_NUM_POINTS = 6
+# Above this magnitude, agreement in evalf's ~160 digits is not equality: an exact check decides.
+_HUGE = sympy.Float("1e50")
+_DIGITS = 30
+# Our own normalization runs first, so the parser's only needs to handle basic LaTeX spellings.
+_PARSER_NORMALIZATION = NormalizationConfig(
+    basic_latex=True, units=False, malformed_operators=False, nits=False, boxed="none", equations=False
+)
+_PLAIN_FUNCTIONS = re.compile(r"\*\*|\b(?:sqrt|pi|exp|log|ln|sin|cos|tan|factorial|binomial|oo)\b")
+_TRANSFORMATIONS = standard_transformations + (implicit_multiplication_application, convert_xor)
+
+
+def parse_leaf(text: str) -> sympy.Basic | None:
+    """Parse one leaf (LaTeX or plain text) into sympy; None when neither parser accepts it."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        if "\\" not in text and _PLAIN_FUNCTIONS.search(text):
+            expr = parse_expr(text.replace("ln", "log"), transformations=_TRANSFORMATIONS, evaluate=True)
+        else:
+            expr = latex2sympy(text, normalization_config=_PARSER_NORMALIZATION)
+    except Exception:  # both parsers raise many unrelated types on malformed input
+        return None
+    if isinstance(expr, sympy.Basic) and expr.has(sympy.Float):
+        # Decimals become exact so that 0.25 == 1/4 and 0.3333 != 1/3.
+        expr = expr.xreplace({f: sympy.Rational(str(f)) for f in expr.atoms(sympy.Float)})
+    return expr if isinstance(expr, sympy.Basic) else None
+
+
+def _zeroish(v: sympy.Basic) -> bool:
+    # evalf returns "0.e-165" (precision 1) when cancellation leaves no significant digits: that is a zero.
+    return v == 0 or (isinstance(v, sympy.Float) and v._prec < 10)
+
+
+def _close(a: sympy.Basic, b: sympy.Basic) -> bool | None:
+    """Compare two evaluated numbers: True (equal), False (different), None (undecided or not numbers)."""
+    parts = []
+    for v in (a, b):
+        re_, im = v.as_real_imag()
+        if not (re_.is_Number and im.is_Number) or not (re_.is_finite and im.is_finite):
+            return None
+        parts.append((sympy.S.Zero if _zeroish(re_) else re_, sympy.S.Zero if _zeroish(im) else im))
+    (ar, ai), (br, bi) = parts
+    diff = abs(ar - br) + abs(ai - bi)
+    scale = max(abs(ar) + abs(ai), abs(br) + abs(bi))
+    if scale == 0 or diff <= _REL_TOL * scale:
+        return True
+    return False if diff > _REL_DIFFERENT * scale else None
+
+
+def _point_verdict(e1: sympy.Expr, e2: sympy.Expr, point: dict) -> bool | None:
+    """Compare two expressions at one point: True, False, or None (undecided, e.g. not a number there)."""
+    v1, v2 = e1.evalf(_DIGITS, subs=point), e2.evalf(_DIGITS, subs=point)
+    verdict = _close(v1, v2)
+    if not verdict:
+        return verdict
+    # Equal to 12 digits. Inputs are exact (decimals were made rational), so evaluate the difference itself:
+    # evalf raises its precision until the difference has accurate digits, or reports "0.e-N" (no accurate
+    # digits, magnitude below 10^-N) after about 160 digits of cancellation.
+    diff = sympy.Add(e1, -e2, evaluate=False).evalf(_DIGITS, subs=point)
+    parts = diff.as_real_imag()
+    if not all(p.is_Number for p in parts):
+        return None
+    if any(p != 0 and not _zeroish(p) for p in parts):
+        return False  # 1/2004! against 1/2006!: equal to 12 digits relative to nothing, but accurately apart
+    # Agreement to ~160 digits proves nothing for numbers longer than that (3^(10^7) against 3^(10^7) + 1).
+    scale = max(abs(v) for v in (*v1.as_real_imag(), *v2.as_real_imag()))
+    return True if scale < _HUGE else None
+
+
+def _sample_points(symbols: list[sympy.Symbol], seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    # Positive, non-integer values avoid the poles and branch cuts of most answers (log, sqrt, 1/(x-1), n!).
+    return [{s: sympy.Float(rng.uniform(0.2, 2.8), _DIGITS) for s in symbols} for _ in range(_NUM_POINTS)]
+
+
+def _ratio_is_constant(d1: sympy.Expr, d2: sympy.Expr, *, positive: bool) -> bool:
+    """Whether d1 = c * d2 for a constant c != 0 (c > 0 when ``positive``): the test for equal equations."""
+    symbols = sorted(d1.free_symbols | d2.free_symbols, key=str)
+    ratios = []
+    for point in _sample_points(symbols, seed=1):
+        v1, v2 = d1.evalf(_DIGITS, subs=point), d2.evalf(_DIGITS, subs=point)
+        if not (v1.is_Number and v2.is_Number) or _zeroish(v1) or _zeroish(v2):
+            continue
+        ratios.append(v1 / v2)
+    if len(ratios) >= 3:
+        first = ratios[0]
+        if all(_close(r, first) for r in ratios) and (first > 0 or not positive):
+            return True
+        if any(_close(r, first) is False for r in ratios):
+            return False
+    ratio = sympy.simplify(d1 / d2)
+    return bool(ratio.is_number and ratio != 0 and ratio.is_finite and (ratio.is_positive or not positive))
+
+
+def expressions_equal(e1: sympy.Basic, e2: sympy.Basic) -> bool:
+    """Mathematical equality of two parsed answers: numbers, expressions, relations, sets, matrices."""
+    if isinstance(e1, sympy.Eq) and isinstance(e2, sympy.Eq):
+        return _ratio_is_constant(e1.lhs - e1.rhs, e2.lhs - e2.rhs, positive=False)
+    if isinstance(e1, sympy.core.relational.Relational) or isinstance(e2, sympy.core.relational.Relational):
+        return _relations_equal(e1, e2)
+    if not (isinstance(e1, sympy.Expr) and isinstance(e2, sympy.Expr)):
+        return e1 == e2 or _symbolic_zero(e1, e2)
+    if e1 == e2:
+        return True
+    if e1.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) or e2.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan):
+        return False  # infinities equal only structurally (after sympy's own evaluation)
+    symbols = sorted(e1.free_symbols | e2.free_symbols, key=str)
+    verdicts = []
+    for point in _sample_points(symbols, seed=0) if symbols else [{}]:
+        verdict = _point_verdict(e1, e2, point)
+        if verdict is False:
+            return False
+        verdicts.append(verdict)
+    if verdicts and all(verdicts):
+        return True
+    return _symbolic_zero(e1, e2)
+
+
+def _symbolic_zero(e1: sympy.Basic, e2: sympy.Basic) -> bool:
+    try:
+        if isinstance(e1, sympy.MatrixBase) or isinstance(e2, sympy.MatrixBase):
+            return e1.shape == e2.shape and sympy.simplify(e1 - e2).is_zero_matrix is True
+        return sympy.simplify(e1 - e2) == 0
+    except Exception:  # mismatched kinds (set minus number, ...) are simply not equal
+        return False
+
+
+def _relations_equal(r1: sympy.Basic, r2: sympy.Basic) -> bool:
+    """``x > 3`` equals ``3 < x`` and ``2x > 6``: same strictness, differences in a positive ratio."""
+    canon = []
+    for r in (r1, r2):
+        if isinstance(r, (sympy.StrictGreaterThan, sympy.GreaterThan)):
+            canon.append((r.lhs - r.rhs, isinstance(r, sympy.StrictGreaterThan)))
+        elif isinstance(r, (sympy.StrictLessThan, sympy.LessThan)):
+            canon.append((r.rhs - r.lhs, isinstance(r, sympy.StrictLessThan)))
+        else:
+            return False
+    (d1, strict1), (d2, strict2) = canon
+    return strict1 == strict2 and _ratio_is_constant(d1, d2, positive=True)
+
+
+def _leaf_values(text: str) -> list[sympy.Basic]:
+    value_text, marker = split_marker(text)
+    value = parse_leaf(value_text)
+    if value is None:
+        return []
+    if marker == "%":
+        return [value, value / 100]
+    if marker == "°":
+        return [value, value * sympy.pi / 180]
+    return [value]
+
+
+def _is_text(s: str) -> bool:
+    # A word of 4+ letters that is not a LaTeX command or a known function is prose ("Evelyn", "odd"), which
+    # must compare as a string: as a product of symbols, anagrams would be equal.
+    words = re.findall(r"(?<![\\a-zA-Z])[a-zA-Z]{4,}", s)
+    return any(not _PLAIN_FUNCTIONS.fullmatch(w) for w in words)
+
+
+def _leaves_equal(a: str, b: str) -> bool:
+    if a.replace(" ", "").casefold() == b.replace(" ", "").casefold():
+        return True
+    if _is_text(a) or _is_text(b):
+        return False
+    decided = quick_equal(a, b)
+    if decided is not None:
+        return decided
+    values_a, values_b = _leaf_values(a), _leaf_values(b)
+    if split_marker(a)[1] == split_marker(b)[1]:
+        # The same sign on both sides ("50%" and "0.5%") compares the written values only.
+        values_a, values_b = values_a[:1], values_b[:1]
+    return any(expressions_equal(x, y) for x in values_a for y in values_b)
+
+
+def _is_symbol(text: str) -> bool:
+    return re.fullmatch(r"[a-zA-Z](?:_\{?\w+\}?)?|\\[a-zA-Z]+", text.strip()) is not None
+
+
+def _unordered_match(a: tuple, b: tuple) -> bool:
+    if not a:
+        return True
+    first, rest = a[0], a[1:]
+    return any(_structures_equal(first, b[j]) and _unordered_match(rest, b[:j] + b[j + 1 :]) for j in range(len(b)))
+
+
+def _structures_equal(a, b) -> bool:
+    if isinstance(a, Equation) or isinstance(b, Equation):
+        if isinstance(a, Equation) and isinstance(b, Equation):
+            if _is_symbol(a.lhs) and _is_symbol(b.lhs):
+                return _leaves_equal(a.rhs, b.rhs)
+            e1, e2 = parse_leaf(f"{a.lhs} = {a.rhs}"), parse_leaf(f"{b.lhs} = {b.rhs}")
+            return e1 is not None and e2 is not None and expressions_equal(e1, e2)
+        eq, other = (a, b) if isinstance(a, Equation) else (b, a)
+        # "x = 3" answers "3"; an equation whose left side is not a lone symbol does not.
+        return _is_symbol(eq.lhs) and _structures_equal(parse_structure(eq.rhs), other)
+    if isinstance(a, Seq) and isinstance(b, Seq):
+        if len(a.items) != len(b.items):
+            return False
+        kinds = {a.open, b.open}
+        if kinds <= {"{", "", "u"} and (a.open == b.open or "u" not in kinds):
+            return _unordered_match(a.items, b.items)  # sets, bare lists, unions of intervals
+        if a.open == "" or b.open == "":
+            ordered = kinds == {"", "("} and a.close in ("", ")") and b.close in ("", ")")
+        else:
+            ordered = (a.open, a.close) == (b.open, b.close)  # tuples and intervals need the same brackets
+        return ordered and all(_structures_equal(x, y) for x, y in zip(a.items, b.items))
+    if isinstance(a, Leaf) and isinstance(b, Leaf):
+        return _leaves_equal(a.text, b.text)
+    return False
+
+
+def is_equiv(pred: str, gold: str) -> bool:
+    """Whether a predicted answer means the same as the gold answer. No time limit: run it in a worker."""
+    decided = quick_equal(pred, gold)
+    if decided is not None:
+        return decided
+    try:
+        return _structures_equal(parse_structure(normalize(pred)), parse_structure(normalize(gold)))
+    except Exception:  # sympy raises many types on odd input (TypeError on complex order, ...): not equal
+        return False

@@ -1,0 +1,343 @@
+"""Hard time limits for the math verifier: a pool of worker processes that are killed at the deadline.
+
+Sympy cannot be interrupted from outside the thread that runs it, and ``signal.alarm`` works only on the main
+thread (a trainer that scores rewards from a thread would silently lose every check), so each check runs in a
+separate process and the parent kills it when its time is up, then starts a replacement in the background.
+
+Workers are plain ``python -c`` subprocesses, not ``multiprocessing`` children: the parent may hold torch, CUDA
+and threads, which makes ``fork`` unsafe, and ``spawn``/``forkserver`` would import ``fastrl/__init__`` (and so
+torch: 1.5 s and 220 MB per worker). The bootstrap registers ``fastrl`` and ``fastrl.trainer`` as bare packages
+and imports only the verifier modules (sympy + latex2sympy2_extended: about 0.5 s). Parent and worker talk over a
+``multiprocessing.connection`` pipe: one ``(pred, gold)`` request, one ``bool`` reply.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+from .math_normalize import quick_equal
+
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+_BOOTSTRAP = (
+    "import sys, types\n"
+    "for name, path in (('fastrl', sys.argv[1]), ('fastrl.trainer', sys.argv[2])):\n"
+    "    module = types.ModuleType(name); module.__path__ = [path]; sys.modules[name] = module\n"
+    "from fastrl.trainer.verifier_pool import _serve\n"
+    "_serve(int(sys.argv[3]), int(sys.argv[4]))\n"
+)
+_READY = "ready"
+# How long a fresh worker may take to import sympy before the pool gives up on it.
+_STARTUP_TIMEOUT = 60.0
+
+
+def _serve(fd: int, memory_limit_mb: int) -> None:
+    """Worker main loop: answer (pred, gold) requests until the parent closes the pipe or dies."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills us on exit
+    if memory_limit_mb > 0:
+        # A runaway expansion raises MemoryError here instead of pushing the host into swap.
+        limit = memory_limit_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    parent = os.getppid()
+
+    def _orphan_watch() -> None:
+        # sympy may be deep in a computation when the parent dies; a daemon thread still gets the GIL.
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=_orphan_watch, daemon=True).start()
+    from .math_verify import is_equiv
+
+    conn = Connection(fd)
+    conn.send(_READY)
+    while True:
+        try:
+            pred, gold = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            result = bool(is_equiv(pred, gold))
+        except BaseException:  # MemoryError, RecursionError: the answer is "not verified", the worker lives on
+            result = False
+        conn.send(result)
+
+
+class _Worker:
+    def __init__(self, memory_limit_mb: int) -> None:
+        import multiprocessing
+
+        parent_conn, child_conn = multiprocessing.Pipe()
+        fd = child_conn.fileno()
+        args = [sys.executable, "-c", _BOOTSTRAP, str(_PACKAGE_DIR), str(_PACKAGE_DIR / "trainer"), str(fd)]
+        self.process = subprocess.Popen(
+            [*args, str(memory_limit_mb)],
+            pass_fds=(fd,),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # keeps terminal signals away; the parent owns the lifetime
+        )
+        child_conn.close()
+        self.conn = parent_conn
+        self.ready = False
+
+    def wait_ready(self, timeout: float) -> None:
+        if self.ready:
+            return
+        if not self.conn.poll(timeout):
+            raise RuntimeError(f"verifier worker did not start within {timeout:.0f} s")
+        self.take_ready()
+
+    def take_ready(self) -> None:
+        message = self.conn.recv()
+        if message != _READY:
+            raise RuntimeError(f"verifier worker sent {message!r} instead of {_READY!r}")
+        self.ready = True
+
+    def kill(self) -> None:
+        self.conn.close()
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+_POOLS: weakref.WeakSet = weakref.WeakSet()
+
+
+class VerifierPool:
+    """Worker processes that check (pred, gold) answer pairs under a hard per-check time limit.
+
+    Thread-safe: any thread may call ``math_equal`` or ``map``; each call borrows idle workers. A check that
+    passes its deadline returns False, its worker is killed and a replacement starts in the background.
+    Workers start lazily (or with ``start()``) and are killed by ``close()`` or at interpreter exit.
+
+    Args:
+        num_workers: processes to run at most (each about 60 MB and one CPU while busy).
+        memory_limit_mb: address-space limit per worker; 0 for none.
+    """
+
+    def __init__(self, num_workers: int = 2, *, memory_limit_mb: int = 4096) -> None:
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+        if not isinstance(memory_limit_mb, int) or memory_limit_mb < 0:
+            raise ValueError(f"memory_limit_mb must be an int >= 0, got {memory_limit_mb!r}")
+        self.num_workers = num_workers
+        self.memory_limit_mb = memory_limit_mb
+        self._idle: deque[_Worker] = deque()
+        self._count = 0  # workers alive: idle plus borrowed
+        self._cond = threading.Condition()
+        self._closed = False
+        _POOLS.add(self)
+
+    def start(self) -> None:
+        """Start every worker now and wait until they are ready (otherwise they start on first use)."""
+        borrowed = [self._acquire(block=True)]
+        while (worker := self._acquire(block=False)) is not None:
+            borrowed.append(worker)
+        try:
+            for worker in borrowed:
+                worker.wait_ready(_STARTUP_TIMEOUT)
+        finally:
+            for worker in borrowed:
+                self._release(worker)
+
+    def _acquire(self, block: bool) -> _Worker | None:
+        """Borrow an idle worker, or start a new one (not yet ready) while under ``num_workers``."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RuntimeError("VerifierPool is closed")
+                if self._idle:
+                    return self._pop_idle()
+                if self._count < self.num_workers:
+                    self._count += 1
+                    break
+                if not block:
+                    return None
+                self._cond.wait()
+        try:
+            return _Worker(self.memory_limit_mb)
+        except BaseException:
+            self._forget()
+            raise
+
+    def _pop_idle(self) -> _Worker:
+        # Prefer a ready worker: a replacement that is still importing sympy would delay the check by ~0.5 s.
+        for worker in reversed(self._idle):
+            if worker.ready or worker.conn.poll(0):
+                self._idle.remove(worker)
+                if not worker.ready:
+                    try:
+                        worker.take_ready()
+                    except (EOFError, OSError, RuntimeError):
+                        worker.kill()
+                        return _Worker(self.memory_limit_mb)  # keeps its slot in the count
+                return worker
+        return self._idle.pop()
+
+    def _forget(self) -> None:
+        with self._cond:
+            self._count -= 1
+            self._cond.notify()
+
+    def _release(self, worker: _Worker) -> None:
+        with self._cond:
+            if not self._closed:
+                self._idle.append(worker)
+                self._cond.notify()
+                return
+        worker.kill()
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        """Kill a worker (timed out or crashed) and return a starting replacement, still borrowed."""
+        worker.kill()
+        try:
+            return _Worker(self.memory_limit_mb)
+        except BaseException:
+            self._forget()
+            raise
+
+    def math_equal(self, pred: str | None, gold: str, *, timeout: float = 5.0) -> bool:
+        """``math_equal`` on this pool; see ``fastrl.trainer.rewards.math_equal``."""
+        return self.map([(pred, gold)], timeout=timeout)[0]
+
+    def map(self, pairs: Sequence[tuple[str | None, str]], *, timeout: float = 5.0) -> list[bool]:
+        """Check many (pred, gold) pairs in parallel; each check gets its own ``timeout`` seconds.
+
+        A pred of None (no extracted answer) is False. Plain numbers are decided in this process; the rest go
+        to the workers. The time limit counts from when a worker receives the pair: waiting for a free worker
+        in a busy pool is not part of it.
+
+        Returns:
+            One bool per pair, in order; False for a pair whose check timed out or crashed its worker.
+        """
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout):
+            raise ValueError(f"timeout must be a finite number of seconds, got {timeout!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0, got {timeout!r}")
+        results: list[bool] = [False] * len(pairs)
+        pending: deque[int] = deque()
+        for i, pair in enumerate(pairs):
+            pred, gold = _check_pair(pair)
+            if pred is None:
+                continue
+            decided = quick_equal(pred, gold)
+            if decided is None:
+                pending.append(i)
+            else:
+                results[i] = decided
+        if pending:
+            self._run(pairs, pending, results, float(timeout))
+        return results
+
+    def _run(self, pairs, pending: deque[int], results: list[bool], timeout: float) -> None:
+        workers = [self._acquire(block=True)]
+        while len(workers) < len(pending) and (worker := self._acquire(block=False)) is not None:
+            workers.append(worker)
+        ready = [w for w in workers if w.ready]
+        starting = [w for w in workers if not w.ready]
+        busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (pair index, deadline)
+        startup_deadline = time.monotonic() + _STARTUP_TIMEOUT
+        try:
+            while pending or busy:
+                while ready and pending:
+                    worker, i = ready.pop(), pending.popleft()
+                    worker.conn.send((str(pairs[i][0]), str(pairs[i][1])))
+                    busy[worker] = (i, time.monotonic() + timeout)
+                if not busy and not starting:
+                    raise RuntimeError("every verifier worker failed to start")
+                if not busy and time.monotonic() > startup_deadline:
+                    raise RuntimeError(f"verifier workers did not start within {_STARTUP_TIMEOUT:.0f} s")
+                next_deadline = min((d for _, d in busy.values()), default=startup_deadline)
+                conns = [w.conn for w in busy] + [w.conn for w in starting]
+                readable = set(wait(conns, timeout=max(0.0, next_deadline - time.monotonic())))
+                for worker in list(busy):
+                    i, deadline = busy[worker]
+                    if worker.conn in readable:
+                        try:
+                            results[i] = bool(worker.conn.recv())
+                            del busy[worker]
+                            ready.append(worker)
+                            continue
+                        except (EOFError, OSError):
+                            pass  # the worker died (out of memory, crashed): replace it
+                    elif time.monotonic() < deadline:
+                        continue
+                    del busy[worker]
+                    results[i] = False
+                    starting.append(self._replace(worker))
+                    startup_deadline = time.monotonic() + _STARTUP_TIMEOUT
+                for worker in [w for w in starting if w.conn in readable]:
+                    starting.remove(worker)
+                    try:
+                        worker.take_ready()
+                        ready.append(worker)
+                    except (EOFError, OSError, RuntimeError):
+                        worker.kill()  # a worker that cannot start is dropped, not restarted in a loop
+                        self._forget()
+        finally:
+            for worker in busy:
+                starting.append(self._replace(worker))  # interrupted mid-check: its reply would be stale
+            for worker in ready + starting:
+                self._release(worker)
+
+    def close(self) -> None:
+        """Kill every worker; borrowed ones are killed when their call returns. Idempotent."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = list(self._idle), deque()
+            self._cond.notify_all()
+        for worker in idle:
+            worker.kill()
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_pair(pair) -> tuple[str | None, str]:
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise TypeError(f"each pair must be a (pred, gold) tuple, got {pair!r:.80}")
+    pred, gold = pair
+    for name, value in (("pred", pred), ("gold", gold)):
+        if not (value is None or isinstance(value, (str, int, float))) or isinstance(value, bool):
+            raise TypeError(f"{name} must be a str (or a number), got {type(value).__name__}: {value!r:.80}")
+    if gold is None:
+        raise TypeError("gold must be a str (or a number), got None")
+    return (None if pred is None else str(pred)), str(gold)
+
+
+_default_pool: VerifierPool | None = None
+_default_lock = threading.Lock()
+
+
+def default_pool() -> VerifierPool:
+    """The process-wide pool behind ``math_equal``: ``FASTRL_VERIFIER_WORKERS`` workers (default min(8, CPUs))."""
+    global _default_pool
+    with _default_lock:
+        if _default_pool is None or _default_pool._closed:
+            env = os.environ.get("FASTRL_VERIFIER_WORKERS")
+            if env is not None and not env.isdigit():
+                raise ValueError(f"FASTRL_VERIFIER_WORKERS must be a positive integer, got {env!r}")
+            _default_pool = VerifierPool(int(env) if env else max(1, min(8, os.cpu_count() or 1)))
+        return _default_pool
+
+
+@atexit.register
+def _close_all() -> None:
+    for pool in list(_POOLS):
+        pool.close()
