@@ -2,8 +2,9 @@
 
 Grid = (token blocks, vocab splits). Each program builds `[BLOCK_N, BLOCK_V]` logit tiles with a
 tensor-core K-loop over D and folds them into an online logsumexp over its slice of the vocab.
-It writes four partials per (split, token): running max m, Σ exp(z − m), Σ exp(z − m)(z − m) and
-the target logit; `merge_partials` combines the splits with O(N · splits) torch ops. Splitting the
+It writes three partials per (split, token): running max m, Σ exp(z − m) and Σ exp(z − m)(z − m);
+the first split's programs also write the target logit, a row-wise dot with the gathered weight row.
+`merge_partials` combines the splits with O(N · splits) torch ops. Splitting the
 vocab keeps 132 SMs busy when N is small; with many tokens there is one split and the merge is a
 few elementwise ops. Entropy is accumulated relative to the running max, H = log S − T / S, so it
 does not cancel two large numbers when the logits are large.
@@ -19,7 +20,7 @@ from . import configs
 from .params import LogprobParams
 
 # Start value of the running max: finite so that (m_old − m_new) · 0 stays 0 on the first tile.
-_M_INIT = -1e30
+_M_INIT = tl.constexpr(-1e30)
 
 
 def dot_precision(dtype: torch.dtype):
@@ -70,6 +71,45 @@ def logit_tile(
     return b_acc
 
 
+@triton.jit
+def target_logit(
+    hidden,
+    weight,
+    bias,
+    b_y,
+    o_n,
+    m_n,
+    V,
+    D,
+    inv_temperature,
+    stride_hn,
+    stride_hd,
+    stride_wv,
+    stride_wd,
+    stride_b,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # z[n, y[n]] as a row-wise dot with the gathered weight rows: O(N·D), outside the vocab loop.
+    m_y = m_n & (b_y >= 0) & (b_y < V)
+    o_y = tl.where(m_y, b_y, 0).to(tl.int64)
+    o_d = tl.arange(0, BLOCK_D)
+    p_h = hidden + o_n[:, None] * stride_hn + o_d[None, :] * stride_hd  # [BN, BD]
+    p_w = weight + o_y[:, None] * stride_wv + o_d[None, :] * stride_wd  # [BN, BD]
+    b_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(D, BLOCK_D)):
+        m_hw = m_y[:, None] & (o_d < D - i_k * BLOCK_D)[None, :]
+        b_h = tl.load(p_h, mask=m_hw, other=0.0).to(tl.float32)
+        b_w = tl.load(p_w, mask=m_hw, other=0.0).to(tl.float32)
+        b_acc += tl.sum(b_h * b_w, axis=1)
+        p_h += BLOCK_D * stride_hd
+        p_w += BLOCK_D * stride_wd
+    if HAS_BIAS:
+        b_acc += tl.load(bias + o_y * stride_b, mask=m_y, other=0.0).to(tl.float32)
+    return b_acc * inv_temperature
+
+
 @triton.heuristics(
     {
         "HAS_BIAS": lambda args: args["bias"] is not None,
@@ -85,7 +125,7 @@ def logprob_fwd_kernel(
     part_m,
     part_s,
     part_t,
-    part_zt,
+    target_z,
     N,
     V,
     D,
@@ -119,7 +159,6 @@ def logprob_fwd_kernel(
     b_m = tl.full([BLOCK_N], _M_INIT, dtype=tl.float32)
     b_s = tl.zeros([BLOCK_N], dtype=tl.float32)
     b_t = tl.zeros([BLOCK_N], dtype=tl.float32)
-    b_zt = tl.zeros([BLOCK_N], dtype=tl.float32)
     for i_t in range(t_lo, t_hi):
         o_v = (i_t * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
         m_v = o_v < V
@@ -131,8 +170,6 @@ def logprob_fwd_kernel(
             b_b = tl.load(bias + o_v * stride_b, mask=m_v, other=0.0).to(tl.float32)
             b_z += b_b[None, :]
         b_z = tl.where(m_v[None, :], b_z * inv_temperature, float("-inf"))  # [BN, BV]
-        b_zt += tl.sum(tl.where(o_v[None, :] == b_y[:, None], b_z, 0.0), axis=1)
-
         b_mn = tl.maximum(b_m, tl.max(b_z, axis=1))
         b_alpha = tl.exp(b_m - b_mn)
         b_p = tl.exp(b_z - b_mn[:, None])  # [BN, BV], 0 on masked columns
@@ -145,19 +182,27 @@ def logprob_fwd_kernel(
     o_out = i_s.to(tl.int64) * N + o_n
     tl.store(part_m + o_out, b_m, mask=m_n)
     tl.store(part_s + o_out, b_s, mask=m_n)
-    tl.store(part_zt + o_out, b_zt, mask=m_n)
     if HAS_ENTROPY:
         tl.store(part_t + o_out, b_t, mask=m_n)
+    if i_s == 0:
+        b_zt = target_logit(
+            hidden, weight, bias, b_y, o_n, m_n, V, D, inv_temperature,
+            stride_hn, stride_hd, stride_wv, stride_wd, stride_b, HAS_BIAS, BLOCK_N, BLOCK_D,
+        )  # fmt: skip
+        tl.store(target_z + o_n, b_zt, mask=m_n)
 
 
-def merge_partials(part_m, part_s, part_t, part_zt, valid):
-    """Combine `[splits, N]` partials into (logp, lse, entropy or None), zero on ignored rows."""
+def merge_partials(part_m, part_s, part_t, target_z, valid):
+    """Combine `[splits, N]` partials and the `[N]` target logits into (logp, lse, entropy or None).
+
+    Ignored rows get 0.
+    """
     b_m = part_m.amax(0)
     scale = torch.exp(part_m - b_m)
     s = (scale * part_s).sum(0)
     lse = b_m + torch.log(s)
     zero = torch.zeros((), dtype=torch.float32, device=lse.device)
-    logp = torch.where(valid, part_zt.sum(0) - lse, zero)
+    logp = torch.where(valid, target_z - lse, zero)
     entropy = None
     if part_t is not None:
         t = (scale * (part_t + (part_m - b_m) * part_s)).sum(0)
@@ -190,20 +235,20 @@ def logprob_forward(
     cfg = configs.default_config("logprob_fwd", hidden.device).kwargs
     if n_splits is None:
         n_splits = choose_splits(n, v, cfg["BLOCK_N"], cfg["BLOCK_V"], hidden.device)
-    parts = [configs.alloc((n_splits, n), torch.float32, hidden.device) for _ in range(3)]
+    part_m, part_s = (configs.alloc((n_splits, n), torch.float32, hidden.device) for _ in range(2))
     part_t = configs.alloc((n_splits, n), torch.float32, hidden.device) if params.return_entropy else None
-    part_m, part_s, part_zt = parts
+    target_z = configs.alloc((n,), torch.float32, hidden.device)
 
     def grid(meta):
         return (triton.cdiv(n, meta["BLOCK_N"]), n_splits)
 
     fn[grid](
-        hidden, weight, bias, targets, part_m, part_s, part_t, part_zt,
+        hidden, weight, bias, targets, part_m, part_s, part_t, target_z,
         n, v, d, n_splits, 1.0 / params.temperature, configs.token_bucket(n),
         hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
         bias.stride(0) if bias is not None else 0, targets.stride(0),
         DOT_PRECISION=dot_precision(hidden.dtype), DOT_UPCAST=dot_upcast(hidden.dtype), **kwargs,
     )  # fmt: skip
     valid = targets != params.ignore_index
-    logp, lse, entropy = merge_partials(part_m, part_s, part_t, part_zt, valid)
+    logp, lse, entropy = merge_partials(part_m, part_s, part_t, target_z, valid)
     return logp, lse, entropy

@@ -1,0 +1,102 @@
+"""Compile every shipped kernel config for sm_80 and sm_90 without a GPU; print one JSON line per build.
+
+Run by test_compile.py in a subprocess with TRITON_INTERPRET=0 (under the interpreter the kernels are
+not compilable objects). Pointers and the wide strides get the 16-divisibility that the launcher's
+specialization gives them at real shapes (D = 4096), unit strides are constants, as at runtime.
+"""
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "0"
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from fastrl.kernels import configs  # noqa: E402
+from fastrl.kernels.logprob_bwd import logprob_dz_kernel  # noqa: E402
+from fastrl.kernels.logprob_fwd import logprob_fwd_kernel  # noqa: E402
+
+KERNELS = {"logprob_fwd": logprob_fwd_kernel, "logprob_dz": logprob_dz_kernel}
+DTYPES = {"bf16": "bf16", "fp16": "fp16"}
+INPUT_PTRS = {"hidden", "weight", "bias", "dz"}
+I64_PTRS = {"targets"}
+FLOAT_PTRS = {"part_m", "part_s", "part_t", "target_z", "lse", "entropy", "grad_logp", "grad_entropy"}
+FLOATS = {"inv_temperature"}
+UNIT_STRIDES = {"stride_hd", "stride_wd", "stride_b", "stride_y"}
+DIVISIBLE_INTS = {"D", "stride_hn", "stride_wv", "stride_dzn"}
+FLAGS = {"HAS_BIAS": True, "HAS_ENTROPY": True, "HAS_ENTROPY_GRAD": True, "DOT_PRECISION": None, "DOT_UPCAST": False}
+
+
+def build(jit_fn, cfg, arch, dtype):
+    names = jit_fn.arg_names
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(names):
+        if name in INPUT_PTRS or name in I64_PTRS or name in FLOAT_PTRS:
+            signature[name] = "*" + (dtype if name in INPUT_PTRS else "i64" if name in I64_PTRS else "fp32")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in FLOATS:
+            signature[name] = "fp32"
+        elif name in UNIT_STRIDES:
+            signature[name], constexprs[name] = "constexpr", 1
+        elif name in cfg.kwargs or name in FLAGS:
+            signature[name], constexprs[name] = "constexpr", cfg.kwargs.get(name, FLAGS.get(name))
+        else:
+            signature[name] = "i32"
+            if name in DIVISIBLE_INTS:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn=jit_fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
+
+
+def ptxas_path(arch):
+    from triton.backends.nvidia import compiler as nv
+
+    if hasattr(nv, "get_ptxas"):
+        return nv.get_ptxas(arch).path
+    return nv._path_to_binary("ptxas")[0]
+
+
+def ptxas_report(ptx, arch):
+    """(registers, spill store bytes, spill load bytes) from `ptxas -v` on the kernel's PTX."""
+    gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        cmd = [ptxas_path(arch), "-v", f"--gpu-name={gpu}", path, "-o", path + ".o"]
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    stores, loads = map(int, re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log).groups())
+    return regs, stores, loads
+
+
+def main():
+    for name, kernel in KERNELS.items():
+        for arch, cfg in configs.DEFAULT_CONFIGS[name].items():
+            for dtype in DTYPES:
+                compiled = build(kernel.fn, cfg, arch, dtype)
+                ptx = compiled.asm["ptx"]
+                regs, spill_st, spill_ld = ptxas_report(ptx, arch)
+                row = {
+                    "kernel": name,
+                    "arch": arch,
+                    "dtype": dtype,
+                    "config": {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+                    "registers": regs,
+                    "spill_stores": spill_st,
+                    "spill_loads": spill_ld,
+                    "shared": compiled.metadata.shared,
+                    "wgmma": ptx.count("wgmma.mma_async"),
+                    "mma": len(re.findall(r"\bmma\.sync", ptx)),
+                    "async_copies": compiled.asm["ttgir"].count("async_copy_global_to_local"),
+                }
+                print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
