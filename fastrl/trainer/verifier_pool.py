@@ -254,7 +254,12 @@ class VerifierPool:
             while pending or busy:
                 while ready and pending:
                     worker, i = ready.pop(), pending.popleft()
-                    worker.conn.send((str(pairs[i][0]), str(pairs[i][1])))
+                    try:
+                        worker.conn.send((str(pairs[i][0]), str(pairs[i][1])))
+                    except OSError:  # it died while idle: the pair waits for the replacement
+                        pending.appendleft(i)
+                        starting.append(self._replace(worker))
+                        continue
                     busy[worker] = (i, time.monotonic() + timeout)
                 if not busy and not starting:
                     raise RuntimeError("every verifier worker failed to start")
