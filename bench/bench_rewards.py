@@ -1,0 +1,168 @@
+"""Math verifier throughput and time-limit overshoot, through the batch API (``VerifierPool.map``).
+
+Run: ``python -m bench.bench_rewards [--workers 2] [--out results.json]``
+
+Workloads (random values, so no cache helps; every result is checked against its label before its speed is
+reported):
+  numeric        plain numbers in mixed spellings ("1,000" / "1000", "\\frac{3}{4}" / "0.75", "50\\%" / "0.5"),
+                 decided in the calling process by the exact-rational fast path;
+  numeric-sympy  numeric expressions that need sympy ("2^{3}" / "8", "\\sqrt{16}" / "4"), in the workers;
+  symbolic       expressions in x ("(x+a)(x-a)" / "x^2-a^2"), random-point evaluation in the workers.
+Then: the worst overshoot past the timeout on pathological pairs (warm pool), and worker start-up time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+from fastrl.trainer.verifier_pool import VerifierPool
+
+
+def numeric_pairs(n: int, rng: random.Random) -> list[tuple[str, str, bool]]:
+    pairs = []
+    for _ in range(n):
+        a, b = rng.randint(1, 999), rng.randint(2, 999)
+        kind = rng.randrange(5)
+        if kind == 0:
+            pred, gold = f"{a},{rng.randint(0, 999):03d}", None
+            gold = pred.replace(",", "")
+        elif kind == 1:
+            pred, gold = f"\\frac{{{a}}}{{{b}}}", f"{a}/{b}"
+        elif kind == 2:
+            pred, gold = f"{a}\\%", f"{a / 100}"
+        elif kind == 3:
+            pred, gold = f"{a}.5", f"{a}.50"
+        else:
+            pred, gold = f"\\${a}", f"{a} \\text{{ dollars}}"
+        if rng.random() < 0.5:
+            pairs.append((pred, gold, True))
+        else:
+            pairs.append((pred, f"{a + 1}", False))
+    return pairs
+
+
+def numeric_sympy_pairs(n: int, rng: random.Random) -> list[tuple[str, str, bool]]:
+    pairs = []
+    for _ in range(n):
+        a, b = rng.randint(2, 30), rng.randint(2, 6)
+        kind = rng.randrange(3)
+        if kind == 0:
+            pred, value = f"{a}^{{{b}}}", a**b
+        elif kind == 1:
+            pred, value = f"\\sqrt{{{a * a}}}", a
+        else:
+            pred, value = f"{a} \\cdot {b} + 1", a * b + 1
+        ok = rng.random() < 0.5
+        pairs.append((pred, str(value if ok else value + 1), ok))
+    return pairs
+
+
+def symbolic_pairs(n: int, rng: random.Random) -> list[tuple[str, str, bool]]:
+    pairs = []
+    for _ in range(n):
+        a, b = rng.randint(2, 20), rng.randint(1, 20)
+        kind = rng.randrange(3)
+        if kind == 0:
+            pred, gold, wrong = f"(x+{a})(x-{a})", f"x^2-{a * a}", f"x^2+{a * a}"
+        elif kind == 1:
+            pred, gold, wrong = f"\\frac{{x^2-{a * a}}}{{x-{a}}}", f"x+{a}", f"x-{a}"
+        else:
+            pred, gold, wrong = f"{a}(x+{b})", f"{a}x+{a * b}", f"{a}x+{b}"
+        ok = rng.random() < 0.5
+        pairs.append((pred, gold if ok else wrong, ok))
+    return pairs
+
+
+def throughput(pool: VerifierPool, pairs: list[tuple[str, str, bool]], repeats: int) -> dict:
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        results = pool.map([(p, g) for p, g, _ in pairs], timeout=5.0)
+        elapsed = time.perf_counter() - start
+        wrong = [(p, g, e) for (p, g, e), r in zip(pairs, results) if r != e]
+        if wrong:
+            raise AssertionError(f"{len(wrong)} wrong verdicts, e.g. {wrong[:3]}: no speed reported")
+        rates.append(len(pairs) / elapsed)
+    rates.sort()
+    return {
+        "pairs": len(pairs),
+        "checks_per_s_median": statistics.median(rates),
+        "checks_per_s_p20": rates[int(0.2 * (len(rates) - 1))],
+        "checks_per_s_p80": rates[int(0.8 * (len(rates) - 1))],
+    }
+
+
+def overshoot(pool: VerifierPool, timeout: float, repeats: int) -> dict:
+    slow = [
+        ("(10^7)!", "10^7 \\cdot (10^7-1)!"),
+        ("2^{2^{40}}", "4^{2^{39}}"),
+        ("(x+1)^{4000}", "x^{4000}+1"),
+    ]
+    worst, worst_pair = -timeout, None
+    for _ in range(repeats):
+        for pair in slow:
+            pool.start()  # warm: the overshoot of the check itself, not the replacement's start-up
+            start = time.perf_counter()
+            result = pool.math_equal(*pair, timeout=timeout)
+            over = time.perf_counter() - start - timeout
+            if result is not False:
+                raise AssertionError(f"{pair} returned {result}, expected False")
+            if over > worst:
+                worst, worst_pair = over, pair
+    return {"timeout_s": timeout, "max_overshoot_s": worst, "worst_pair": worst_pair}
+
+
+def startup(workers: int) -> dict:
+    start = time.perf_counter()
+    with VerifierPool(workers) as pool:
+        pool.start()
+        pool_start = time.perf_counter() - start
+    # What a multiprocessing spawn/forkserver child would pay: importing the package (and so torch) first.
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import fastrl.trainer.math_verify"], check=True)
+    package_import = time.perf_counter() - start
+    return {"pool_start_s": pool_start, "spawn_with_package_import_s": package_import}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+    rng = random.Random(0)
+    results = {"python": platform.python_version(), "workers": args.workers, "cpus": __import__("os").cpu_count()}
+    results["startup"] = startup(args.workers)
+    with VerifierPool(args.workers) as pool:
+        pool.start()
+        results["numeric"] = throughput(pool, numeric_pairs(2000, rng), args.repeats)
+        results["numeric-sympy"] = throughput(pool, numeric_sympy_pairs(300, rng), args.repeats)
+        results["symbolic"] = throughput(pool, symbolic_pairs(150, rng), args.repeats)
+        results["overshoot"] = overshoot(pool, timeout=1.0, repeats=2)
+    for name in ("numeric", "numeric-sympy", "symbolic"):
+        r = results[name]
+        print(
+            f"{name:14s} {r['pairs']:5d} pairs  {r['checks_per_s_median']:9.1f} checks/s "
+            f"(p20 {r['checks_per_s_p20']:.1f}, p80 {r['checks_per_s_p80']:.1f})"
+        )
+    o = results["overshoot"]
+    print(f"max overshoot past a {o['timeout_s']} s timeout: {o['max_overshoot_s'] * 1e3:.0f} ms ({o['worst_pair']})")
+    s = results["startup"]
+    print(
+        f"start-up: pool of {args.workers} ready in {s['pool_start_s']:.2f} s; a child importing the package "
+        f"(spawn/forkserver) would need {s['spawn_with_package_import_s']:.2f} s each"
+    )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
