@@ -1,0 +1,36 @@
+"""One configuration's peak CPU memory, measured in a fresh interpreter.
+
+Started by `harness.cpu_peak_in_subprocess` with a JSON spec (op, provider, shape, dtype, mode,
+seed); prints one JSON line: the peak RSS over the baseline (inputs allocated, warm-up done) and the
+bytes of the gradients the op must return, which the report subtracts to get the extra memory.
+"""
+
+import importlib
+import json
+import sys
+
+import torch
+
+from bench.harness import DTYPES, rss_peak_bytes
+
+
+def main(spec: dict) -> dict:
+    op = importlib.import_module(f"bench.bench_{spec['op']}").OP
+    provider = op.providers[spec["provider"]]
+    device = torch.device("cpu")
+    dtype = DTYPES[spec["dtype"]]
+    if not provider.compiles:
+        # thread pools, lazy imports and library handles come up here, not in the measured call
+        tiny = op.make_inputs(op.tiny_shape, dtype, device, spec["seed"])
+        op.closure(provider, tiny, spec["mode"], upstream="time")()
+        del tiny
+    inputs = op.make_inputs(spec["shape"], dtype, device, spec["seed"])
+    fn = op.closure(provider, inputs, spec["mode"], upstream="time")
+    if provider.compiles:
+        fn()  # compilation at this very shape; its memory is not the op's
+    peak = rss_peak_bytes(fn)
+    return {"peak_bytes": peak, "grad_bytes": op.grad_bytes(inputs, spec["mode"])}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
