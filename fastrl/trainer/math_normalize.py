@@ -52,8 +52,7 @@ def _last_boxed(text: str) -> str | None:
         # "\boxed 5": the argument is the next token.
         m = re.match(r"\s+([^\s$]+)", rest)
         content = m.group(1) if m else ""
-    inner = _last_boxed(content) if _BOX_RE.search(content) else None
-    return inner if inner is not None else content
+    return content
 
 
 def _marked_answer(text: str) -> str | None:
@@ -82,6 +81,12 @@ def extract_answer(text: str) -> str | None:
         return None
     if _BOX_RE.search(text):
         answer = _last_boxed(text)
+        # "\boxed{\boxed{3}}": unwrap, a loop rather than recursion so that deep nesting cannot overflow.
+        while answer and _BOX_RE.search(answer):
+            inner = _last_boxed(answer)
+            if inner is None or inner == answer:
+                break
+            answer = inner
     else:
         answer = _marked_answer(text)
     return answer or None
@@ -121,11 +126,13 @@ def normalize(answer: str) -> str:
     s = re.sub(r"\\%|%|\s*percent$", "%", s)
     s = re.sub(r"\s*(?:dollars?|USD|€|£)$", "", s)
     # \text{...}: units after a value are dropped; an answer that is only text keeps its words.
-    without_text = _TEXT_RE.sub("", s).strip()
+    without_text = re.sub(_TEXT_RE.pattern + r"(?:\^\{?[23]\}?)?", "", s).strip()
     s = without_text if without_text and without_text not in "-+" else _TEXT_RE.sub(r"\1", s)
     s = _TRAILING_UNIT_RE.sub("", s)
     s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip()
     s = re.sub(r"\b(?:infinity|inf)\b", r"\\infty", s)
+    if re.fullmatch(r"\\\{\s*\\\}|\\varnothing|\\O|\{\s*\}", s):
+        s = "\\emptyset"
     m = _THOUSANDS_RE.match(s.replace(" ", ""))
     if m:
         s = m.group(1) + m.group(2).replace(",", "") + (m.group(3) or "")
@@ -217,6 +224,10 @@ def parse_structure(s: str) -> Leaf | Equation | Seq:
     items = _split_top(s, ",")
     if len(items) > 1:
         return Seq(tuple(parse_structure(p) for p in items), "", "")
+    pm = re.split(r"\\pm|\\mp", s)
+    if len(pm) == 2:
+        # "1 \pm \sqrt{2}" is the two answers 1 + sqrt(2) and 1 - sqrt(2).
+        return Seq((parse_structure(f"{pm[0]}+{pm[1]}"), parse_structure(f"{pm[0]}-{pm[1]}")), "", "")
     sides = _split_top(s, "=")
     if len(sides) == 2 and not re.search(r"[<>!\\]$", sides[0]):
         return Equation(sides[0].strip(), sides[1].strip())

@@ -101,8 +101,10 @@ def _point_verdict(e1: sympy.Expr, e2: sympy.Expr, point: dict) -> bool | None:
 
 def _sample_points(symbols: list[sympy.Symbol], seed: int) -> list[dict]:
     rng = random.Random(seed)
-    # Positive, non-integer values avoid the poles and branch cuts of most answers (log, sqrt, 1/(x-1), n!).
-    return [{s: sympy.Float(rng.uniform(0.2, 2.8), _DIGITS) for s in symbols} for _ in range(_NUM_POINTS)]
+    # Non-integer values avoid most poles (1/(x-1), n! at negative integers). Some points are negative so that
+    # |x| and sqrt(x^2) differ from x; an identity that holds only for x > 0 is then not confirmed either.
+    signs = [1, 1, 1, 1, -1, -1][:_NUM_POINTS]
+    return [{s: sympy.Float(sign * rng.uniform(0.2, 2.8), _DIGITS) for s in symbols} for sign in signs]
 
 
 def _ratio_is_constant(d1: sympy.Expr, d2: sympy.Expr, *, positive: bool) -> bool:

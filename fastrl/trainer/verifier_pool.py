@@ -139,6 +139,7 @@ class VerifierPool:
         self._count = 0  # workers alive: idle plus borrowed
         self._cond = threading.Condition()
         self._closed = False
+        self._pid = os.getpid()
         _POOLS.add(self)
 
     def start(self) -> None:
@@ -334,7 +335,8 @@ def default_pool() -> VerifierPool:
     """The process-wide pool behind ``math_equal``: ``FASTRL_VERIFIER_WORKERS`` workers (default min(8, CPUs))."""
     global _default_pool
     with _default_lock:
-        if _default_pool is None or _default_pool._closed:
+        # A forked child must not share its parent's workers (two readers on one pipe): it gets its own pool.
+        if _default_pool is None or _default_pool._closed or _default_pool._pid != os.getpid():
             env = os.environ.get("FASTRL_VERIFIER_WORKERS")
             if env is not None and not env.isdigit():
                 raise ValueError(f"FASTRL_VERIFIER_WORKERS must be a positive integer, got {env!r}")

@@ -119,6 +119,21 @@ PAIRS = [
     # multiple choice
     ("(B)", "B", True),
     ("C", "B", False),
+    # plus-minus, empty set, matrices
+    ("\\pm 2", "2, -2", True),
+    ("x=2 \\text{ or } x=-2", "\\pm 2", True),
+    ("1 \\pm \\sqrt{2}", "1+\\sqrt{2}, 1-\\sqrt{2}", True),
+    ("\\pm 2", "2", False),
+    ("\\emptyset", "\\{\\}", True),
+    ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", True),
+    ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\3\\end{pmatrix}", False),
+    # more traps: tiny and huge magnitudes, identities that hold only for x > 0
+    ("1/2004!", "1/2006!", False),
+    ("10^{-3000}", "0", False),
+    ("2^{100}", "2^{100}+1", False),
+    ("|x|", "x", False),
+    ("\\sqrt{x^2}", "x", False),
+    ("5\\text{ m}^2", "5", True),
     # malformed input: False, never an exception
     ("\\frac{1}{", "\\frac{1}{2}", False),
     ("", "0", False),
