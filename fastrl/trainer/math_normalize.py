@@ -99,7 +99,8 @@ _UNITS = (
     "months?|years?|units?|square|sq|cubic|dollars?|cents?|mph|liters?|l|ml|gallons?|degrees?|people|students|"
     "points?|ways|times"
 )
-_TRAILING_UNIT_RE = re.compile(rf"(?<=[\d}}])\s+(?:(?:{_UNITS})(?:\^\{{?[23]\}}?)?\s*)+$", re.IGNORECASE)
+# Word boundaries keep the repetition unambiguous ("mmm" is not "m" "m" "m"), so matching stays linear.
+_TRAILING_UNIT_RE = re.compile(rf"(?<=[\d}}])\s+(?:\b(?:{_UNITS})\b(?:\^\{{?[23]\}}?)?\s*)+$", re.IGNORECASE)
 _THOUSANDS_RE = re.compile(r"^([-+]?)(\d{1,3}(?:,\d{3})+)(\.\d+)?$")
 
 
@@ -232,6 +233,40 @@ def parse_structure(s: str) -> Leaf | Equation | Seq:
     if len(sides) == 2 and not re.search(r"[<>!\\]$", sides[0]):
         return Equation(sides[0].strip(), sides[1].strip())
     return Leaf(s.strip())
+
+
+# relation -> (direction, closed)
+_RELATIONS = {"<": ("<", False), "\\lt": ("<", False), ">": (">", False), "\\gt": (">", False)}
+_RELATIONS |= {op: ("<", True) for op in ("<=", "\\le", "\\leq", "\\leqslant", "≤")}
+_RELATIONS |= {op: (">", True) for op in (">=", "\\ge", "\\geq", "\\geqslant", "≥")}
+_RELATION_RE = re.compile(
+    "(" + "|".join(re.escape(op) for op in sorted(_RELATIONS, key=len, reverse=True)) + ")(?![a-zA-Z])"
+)
+_VARIABLE_RE = re.compile(r"[a-zA-Z]")
+
+
+def inequality_interval(s: str) -> Seq | None:
+    """The interval a one-variable inequality describes ("x > 3" -> (3, inf), "1 <= x < 2" -> [1, 2)), or None."""
+    tokens = [t.strip() for t in _RELATION_RE.split(s)]
+    ops = [_RELATIONS[op] for op in tokens[1::2]]
+    values = tokens[0::2]
+    if len(values) == 2:
+        if _VARIABLE_RE.fullmatch(values[1]) and not _VARIABLE_RE.fullmatch(values[0]):
+            values.reverse()  # "3 < x" is "x > 3"
+            ops = [(">" if ops[0][0] == "<" else "<", ops[0][1])]
+        if not _VARIABLE_RE.fullmatch(values[0]):
+            return None
+        (direction, closed), bound = ops[0], values[1]
+        if direction == ">":
+            return Seq((Leaf(bound), Leaf("\\infty")), "[" if closed else "(", ")")
+        return Seq((Leaf("-\\infty"), Leaf(bound)), "(", "]" if closed else ")")
+    if len(values) == 3 and _VARIABLE_RE.fullmatch(values[1]) and ops[0][0] == ops[1][0]:
+        (direction, closed_lo), (_, closed_hi) = ops
+        lo, hi = values[0], values[2]
+        if direction == ">":
+            lo, hi, closed_lo, closed_hi = hi, lo, closed_hi, closed_lo
+        return Seq((Leaf(lo), Leaf(hi)), "[" if closed_lo else "(", "]" if closed_hi else ")")
+    return None
 
 
 _NUMBER_RE = re.compile(r"^([-+]?)(\d+(?:\.\d*)?|\.\d+)(?:(?:e|E|\\times\s*10\^|\\cdot\s*10\^)\{?([-+]?\d+)\}?)?$")

@@ -22,7 +22,16 @@ from sympy.parsing.sympy_parser import (
     standard_transformations,
 )
 
-from .math_normalize import Equation, Leaf, Seq, normalize, parse_structure, quick_equal, split_marker
+from .math_normalize import (
+    Equation,
+    Leaf,
+    Seq,
+    inequality_interval,
+    normalize,
+    parse_structure,
+    quick_equal,
+    split_marker,
+)
 
 # Relative agreement that counts as equal at one evaluation point (values are computed to 30 digits).
 _REL_TOL = sympy.Float("1e-12")
@@ -241,6 +250,10 @@ def _structures_equal(a, b) -> bool:
         return ordered and all(_structures_equal(x, y) for x, y in zip(a.items, b.items))
     if isinstance(a, Leaf) and isinstance(b, Leaf):
         return _leaves_equal(a.text, b.text)
+    leaf, seq = (a, b) if isinstance(a, Leaf) else (b, a)
+    if isinstance(leaf, Leaf) and isinstance(seq, Seq) and seq.open in "([":
+        interval = inequality_interval(leaf.text)  # "x > 3" against "(3, \infty)"
+        return interval is not None and _structures_equal(interval, seq)
     return False
 
 

@@ -65,9 +65,11 @@ def batch_math_equal(
     return (pool or default_pool()).map(pairs, timeout=timeout)
 
 
-def _gold_answer(gold: str) -> str:
+def _gold_answer(gold: str | int | float) -> str:
+    if isinstance(gold, (int, float)) and not isinstance(gold, bool):
+        return str(gold)  # GSM8K-style datasets store numbers
     if not isinstance(gold, str):
-        raise TypeError(f"gold must be a str, got {type(gold).__name__}: {gold!r:.80}")
+        raise TypeError(f"gold must be a str (or a number), got {type(gold).__name__}: {gold!r:.80}")
     # Datasets store the gold either bare ("3/4") or as a full solution ending in \boxed{3/4}.
     boxed = extract_answer(gold) if "\\boxed" in gold or "\\fbox" in gold else None
     return boxed if boxed is not None else gold

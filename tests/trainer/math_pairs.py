@@ -116,6 +116,10 @@ PAIRS = [
     ("x > 3", "3 < x", True),
     ("x \\geq 3", "x > 3", False),
     ("2x > 6", "x > 3", True),
+    ("x > 3", "(3, \\infty)", True),
+    ("x \\geq 3", "(3, \\infty)", False),
+    ("1 \\leq x < 2", "[1, 2)", True),
+    ("x < 2", "(2, \\infty)", False),
     # multiple choice
     ("(B)", "B", True),
     ("C", "B", False),
