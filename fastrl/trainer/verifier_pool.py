@@ -45,8 +45,10 @@ def _serve(fd: int, memory_limit_mb: int) -> None:
     """Worker main loop: answer (pred, gold) requests until the parent closes the pipe or dies."""
     import resource
     import signal
+    import warnings
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills us on exit
+    warnings.simplefilter("ignore")  # sympy deprecation chatter would land in the trainer's log
     if memory_limit_mb > 0:
         # A runaway expansion raises MemoryError here instead of pushing the host into swap.
         limit = memory_limit_mb * 2**20
@@ -73,7 +75,10 @@ def _serve(fd: int, memory_limit_mb: int) -> None:
             result = bool(is_equiv(pred, gold))
         except BaseException:  # MemoryError, RecursionError: the answer is "not verified", the worker lives on
             result = False
-        conn.send(result)
+        try:
+            conn.send(result)
+        except OSError:
+            return  # the parent gave up on this check and closed the pipe
 
 
 class _Worker:
@@ -83,13 +88,18 @@ class _Worker:
         parent_conn, child_conn = multiprocessing.Pipe()
         fd = child_conn.fileno()
         args = [sys.executable, "-c", _BOOTSTRAP, str(_PACKAGE_DIR), str(_PACKAGE_DIR / "trainer"), str(fd)]
-        self.process = subprocess.Popen(
-            [*args, str(memory_limit_mb)],
-            pass_fds=(fd,),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # keeps terminal signals away; the parent owns the lifetime
-        )
-        child_conn.close()
+        try:
+            self.process = subprocess.Popen(
+                [*args, str(memory_limit_mb)],
+                pass_fds=(fd,),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # keeps terminal signals away; the parent owns the lifetime
+            )
+        except BaseException:
+            parent_conn.close()
+            raise
+        finally:
+            child_conn.close()
         self.conn = parent_conn
         self.ready = False
 
