@@ -18,6 +18,8 @@ from .policy_loss_torch import KL_CODES, STATS, PolicyLossParams
 
 NUM_STATS: int = len(STATS)
 MAX_BLOCK_T = 1024
+# 8 warps keep the forward's ten [BLOCK_T] accumulators at 4 registers each per thread (no spills at 1024).
+NUM_WARPS = 8
 
 
 @triton.jit
@@ -286,7 +288,7 @@ def policy_fwd(logp, advantages, mask, old, ref, rollout, entropy, params: Polic
     seq_log_ratio = torch.zeros(B, dtype=torch.float32, device=dev)
     if B > 0:
         policy_fwd_kernel[(B,)](
-            *tensors, row_loss, stats, seq_log_ratio, T, **scalars, NUM_STATS=NUM_STATS, **flags, num_warps=4
+            *tensors, row_loss, stats, seq_log_ratio, T, **scalars, NUM_STATS=NUM_STATS, **flags, num_warps=NUM_WARPS
         )
     return row_loss, stats, seq_log_ratio
 
@@ -300,7 +302,7 @@ def policy_bwd(logp, advantages, mask, old, ref, rollout, entropy, seq_log_ratio
     if B > 0:
         policy_bwd_kernel[(B,)](
             *tensors, seq_log_ratio, grad_row.float().contiguous(), d_logp, d_entropy, T, **scalars, **flags,
-            num_warps=4,
+            num_warps=NUM_WARPS,
         )  # fmt: skip
     return d_logp, d_entropy
 

@@ -178,3 +178,13 @@ def test_metrics_match_definitions(impl):
         torch.testing.assert_close(m_val := out.metrics[key], value, rtol=1e-5, atol=1e-6, msg=key)
         assert not m_val.requires_grad
     assert 0 < out.metrics["clip_frac_dual"] < 1
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_triton_rows_longer_than_one_block(level, monkeypatch):
+    # the kernel loops over a row in BLOCK_T pieces: force 3 of them, the last one ragged
+    from fastrl.kernels import policy_loss_triton
+
+    monkeypatch.setattr(policy_loss_triton, "MAX_BLOCK_T", 16)
+    b = make_batch(B=3, T=37, per_token_adv=level == "token", seed=7)
+    assert_matches(b, full_config("seq-mean-token-mean", level, "k3"), "triton")

@@ -1,0 +1,100 @@
+"""Compile the policy-loss kernels for sm_80 and sm_90 without a GPU; print one JSON line per build.
+
+Run by test_policy_kernel_compile.py in a subprocess with TRITON_INTERPRET=0. The interpreter runs
+the kernels as NumPy and forgives what the compiler rejects (scalar/tensor type mixes inside
+constexpr branches, dtype casts), so every flag combination that changes the code is built here.
+"""
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "0"
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from fastrl.kernels.policy_loss_triton import (  # noqa: E402
+    MAX_BLOCK_T,
+    NUM_STATS,
+    NUM_WARPS,
+    policy_bwd_kernel,
+    policy_fwd_kernel,
+)
+
+OPTIONAL = ("old", "ref", "rollout", "entropy")
+FLOATS = ("eps_low", "eps_high", "dual_clip", "beta", "entropy_coef", "is_cap")
+
+
+def build(kernel, arch, present: bool, seq: bool, per_token: bool, kl: int, logp_dtype: str):
+    jit_fn = kernel.fn
+    signature, constexprs, attrs = {}, {}, {}
+    flags = dict(
+        HAS_OLD=present,
+        HAS_REF=present,
+        HAS_ROLLOUT=present,
+        HAS_ENTROPY=present,
+        HAS_DUAL=present,
+        ADV_PER_TOKEN=per_token,
+        SEQ_RATIO=seq,
+        KL=kl,
+        NUM_STATS=NUM_STATS,
+        BLOCK_T=MAX_BLOCK_T,
+    )
+    for i, name in enumerate(jit_fn.arg_names):
+        if name in OPTIONAL and not present:
+            signature[name], constexprs[name] = "constexpr", None
+        elif name in flags:
+            signature[name], constexprs[name] = "constexpr", flags[name]
+        elif name in FLOATS:
+            signature[name] = "fp32"
+        elif name == "T":
+            signature[name] = "i32"
+        elif name == "mask":
+            signature[name] = "*u8"
+        elif name in ("logp", "old", "ref", "rollout", "entropy", "d_logp", "d_entropy"):
+            signature[name] = "*" + logp_dtype
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "*fp32"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn=jit_fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": NUM_WARPS})
+
+
+def ptxas_spills(ptx, arch):
+    from triton.backends.nvidia import compiler as nv
+
+    ptxas = nv.get_ptxas(arch).path if hasattr(nv, "get_ptxas") else nv._path_to_binary("ptxas")[0]
+    gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        log = subprocess.run(
+            [ptxas, "-v", f"--gpu-name={gpu}", path, "-o", path + ".o"], capture_output=True, text=True
+        )
+    if log.returncode:
+        raise RuntimeError(log.stderr)
+    regs = int(re.search(r"Used (\d+) registers", log.stderr).group(1))
+    stores, loads = map(int, re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log.stderr).groups())
+    return regs, stores, loads
+
+
+def main():
+    combos = [(True, s, p, k, "fp32") for s, p, k in itertools.product((False, True), (False, True), (1, 2, 3))]
+    combos += [(False, False, False, 3, "fp32"), (False, True, False, 3, "fp32"), (True, True, True, 3, "bf16")]
+    for kname, kernel in (("policy_fwd", policy_fwd_kernel), ("policy_bwd", policy_bwd_kernel)):
+        for arch, arch_combos in ((90, combos), (80, combos[-3:])):
+            for present, seq, per_token, kl, dt in arch_combos:
+                ptx = build(kernel, arch, present, seq, per_token, kl, dt).asm["ptx"]
+                regs, st, ld = ptxas_spills(ptx, arch)
+                row = dict(kernel=kname, arch=arch, optional=present, seq=seq, per_token=per_token, kl=kl, dtype=dt)
+                print(json.dumps(dict(row, registers=regs, spill_stores=st, spill_loads=ld)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
