@@ -57,11 +57,19 @@ def logprob_dz_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    GROUP_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
-    i_n = tl.program_id(0).to(tl.int64)
-    i_c = tl.program_id(1).to(tl.int64)
+    # GROUP_N token blocks sweep the chunk's vocab tiles together, so their hidden rows and the
+    # current weight tiles are both L2-resident (the grouped ordering of the Triton matmul tutorial)
+    i_p = tl.program_id(0)
+    n_blocks = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_N * tl.cdiv(n_cols, BLOCK_V)
+    first = (i_p // per_group) * GROUP_N
+    group_size = tl.minimum(n_blocks - first, GROUP_N)
+    i_n = (first + (i_p % per_group) % group_size).to(tl.int64)
+    i_c = ((i_p % per_group) // group_size).to(tl.int64)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < N
     o_c = i_c * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -160,7 +168,7 @@ def logprob_backward(
         cols = min(chunk_cols, v - v_lo)
 
         def grid(meta):
-            return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(cols, meta["BLOCK_V"]))
+            return (triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(cols, meta["BLOCK_V"]),)
 
         fn[grid](
             hidden, weight, bias, targets, lse, entropy, grad_logp, grad_entropy, dz,

@@ -146,8 +146,10 @@ def logprob_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
-    i_n = tl.program_id(0).to(tl.int64)
-    i_s = tl.program_id(1)
+    # splits vary fastest: a resident wave is ~SMs/splits token blocks whose hidden rows stay in L2
+    # while each split's programs walk one vocab range in step and share its weight tiles
+    i_s = tl.program_id(0)
+    i_n = tl.program_id(1).to(tl.int64)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < N
     b_y = tl.load(targets + o_n * stride_y, mask=m_n, other=-1)
@@ -211,9 +213,9 @@ def merge_partials(part_m, part_s, part_t, target_z, valid):
 
 
 def choose_splits(n_tokens: int, vocab: int, block_n: int, block_v: int, device: torch.device) -> int:
-    """Vocab splits so that token blocks × splits fills about FWD_WAVES programs per SM."""
+    """Vocab splits: at least FWD_MIN_SPLITS, and enough for FWD_WAVES programs per SM at small N."""
     n_blocks = triton.cdiv(n_tokens, block_n)
-    want = triton.cdiv(configs.FWD_WAVES * configs.sm_count(device), n_blocks)
+    want = max(configs.FWD_MIN_SPLITS, triton.cdiv(configs.FWD_WAVES * configs.sm_count(device), n_blocks))
     return max(1, min(want, triton.cdiv(vocab, block_v)))
 
 
@@ -240,7 +242,7 @@ def logprob_forward(
     target_z = configs.alloc((n,), torch.float32, hidden.device)
 
     def grid(meta):
-        return (triton.cdiv(n, meta["BLOCK_N"]), n_splits)
+        return (n_splits, triton.cdiv(n, meta["BLOCK_N"]))
 
     fn[grid](
         hidden, weight, bias, targets, part_m, part_s, part_t, target_z,

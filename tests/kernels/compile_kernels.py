@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"
@@ -21,7 +22,6 @@ from fastrl.kernels.logprob_bwd import logprob_dz_kernel  # noqa: E402
 from fastrl.kernels.logprob_fwd import logprob_fwd_kernel  # noqa: E402
 
 KERNELS = {"logprob_fwd": logprob_fwd_kernel, "logprob_dz": logprob_dz_kernel}
-DTYPES = {"bf16": "bf16", "fp16": "fp16"}
 INPUT_PTRS = {"hidden", "weight", "bias", "dz"}
 I64_PTRS = {"targets"}
 FLOAT_PTRS = {"part_m", "part_s", "part_t", "target_z", "lse", "entropy", "grad_logp", "grad_entropy"}
@@ -75,28 +75,33 @@ def ptxas_report(ptx, arch):
     return regs, stores, loads
 
 
-def main():
-    for name, kernel in KERNELS.items():
-        for arch, cfg in configs.DEFAULT_CONFIGS[name].items():
-            for dtype in DTYPES:
-                compiled = build(kernel.fn, cfg, arch, dtype)
-                ptx = compiled.asm["ptx"]
-                regs, spill_st, spill_ld = ptxas_report(ptx, arch)
-                row = {
-                    "kernel": name,
-                    "arch": arch,
-                    "dtype": dtype,
-                    "config": {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
-                    "registers": regs,
-                    "spill_stores": spill_st,
-                    "spill_loads": spill_ld,
-                    "shared": compiled.metadata.shared,
-                    "wgmma": ptx.count("wgmma.mma_async"),
-                    "mma": len(re.findall(r"\bmma\.sync", ptx)),
-                    "async_copies": compiled.asm["ttgir"].count("async_copy_global_to_local"),
-                }
-                print(json.dumps(row), flush=True)
+def config_id(cfg) -> str:
+    k = cfg.kwargs
+    return f"{k['BLOCK_N']}x{k['BLOCK_V']}x{k['BLOCK_D']}-w{cfg.num_warps}-s{cfg.num_stages}"
+
+
+def main(plan):
+    """`plan`: [kernel, config_id, arch, dtype] entries; configs come from configs.shipped_configs."""
+    for name, cfg_id, arch, dtype in plan:
+        cfg = next(c for c in configs.shipped_configs(name) if config_id(c) == cfg_id)
+        compiled = build(KERNELS[name].fn, cfg, arch, dtype)
+        ptx = compiled.asm["ptx"]
+        regs, spill_st, spill_ld = ptxas_report(ptx, arch)
+        row = {
+            "kernel": name,
+            "config": cfg_id,
+            "arch": arch,
+            "dtype": dtype,
+            "registers": regs,
+            "spill_stores": spill_st,
+            "spill_loads": spill_ld,
+            "shared": compiled.metadata.shared,
+            "wgmma": ptx.count("wgmma.mma_async"),
+            "mma": len(re.findall(r"\bmma\.sync", ptx)),
+            "async_copies": compiled.asm["ttgir"].count("async_copy_global_to_local"),
+        }
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(json.loads(sys.argv[1]))
