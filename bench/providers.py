@@ -97,3 +97,66 @@ TOKEN_LOGPROBS_PROVIDERS = {
     "fastrl-triton": Provider("fastrl-triton", fastrl_triton_token_logprobs, triton_unavailable, compiles=True),
     "cce": Provider("cce", cce_token_logprobs, package_unavailable("cut_cross_entropy", cuda_only=True), True),
 }
+
+
+# ---- grpo_loss: fn(hidden [B, T, D], weight, targets [B, T], mask, advantages [B], old, ref, config) -> loss ----
+
+
+def eager_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
+    """What eager RL code does: full logits → log-probs (the package's reference) → the per-token loss."""
+    b, t, d = hidden.shape
+    need_entropy = config.entropy_coef != 0
+    params = LogprobParams(config.temperature, -100, need_entropy)
+    live = torch.where(mask, targets, torch.full_like(targets, -100))
+    logp, entropy = token_logprobs_reference(hidden.reshape(-1, d), weight, live.reshape(-1), None, params)
+    entropy = None if entropy is None else entropy.reshape(b, t)
+    out = fastrl.policy_loss(
+        logp.reshape(b, t),
+        advantages,
+        mask,
+        old_logprobs=old,
+        ref_logprobs=ref,
+        entropy=entropy,
+        config=config,
+        impl="torch",
+    )
+    return out.loss
+
+
+def fastrl_grpo_loss(impl: str) -> Callable:
+    def fn(hidden, weight, targets, mask, advantages, old, ref, config):
+        return fastrl.grpo_loss(
+            hidden, weight, targets, mask, advantages, old_logprobs=old, ref_logprobs=ref, config=config, impl=impl
+        ).loss
+
+    return fn
+
+
+_LIGER_LOSS_TYPES = {"seq-mean-token-mean": "grpo", "token-mean": "bnpo"}
+
+
+def liger_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
+    from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+
+    if config.loss_agg not in _LIGER_LOSS_TYPES or config.kl != "k3" or config.entropy_coef != 0:
+        raise ValueError(f"Liger has no equivalent of {config}")
+    loss_fn = LigerFusedLinearGRPOLoss(
+        beta=config.beta,
+        compiled=hidden.is_cuda,
+        use_ref_model=ref is not None,
+        epsilon_low=config.eps_low,
+        epsilon_high=config.eps_high,
+        loss_type=_LIGER_LOSS_TYPES[config.loss_agg],
+        temperature=config.temperature,
+    )
+    out = loss_fn(hidden, weight, targets, mask.long(), advantages, ref_per_token_logps=ref, old_per_token_logps=old)
+    return out[0] if isinstance(out, tuple) else out
+
+
+GRPO_LOSS_PROVIDERS = {
+    "eager": Provider("eager", eager_grpo_loss, always),
+    "compile": Provider("compile", compile_failure(eager_grpo_loss), always, compiles=True),
+    "fastrl-torch": Provider("fastrl-torch", fastrl_grpo_loss("torch"), always),
+    "fastrl-triton": Provider("fastrl-triton", fastrl_grpo_loss("triton"), triton_unavailable, compiles=True),
+    "liger": Provider("liger", liger_grpo_loss, package_unavailable("liger_kernel", cuda_only=False), True),
+}

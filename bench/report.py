@@ -16,6 +16,18 @@ COLORS = {
 }
 
 
+TOKEN_KEYS = ("N", "B", "T")  # the keys whose product is the token count
+
+
+def tokens(shape: dict) -> int:
+    """N for token_logprobs shapes, B·T for grpo_loss shapes."""
+    return shape["N"] if "N" in shape else shape["B"] * shape["T"]
+
+
+def fixed_part(shape: dict) -> tuple:
+    return tuple((k, v) for k, v in shape.items() if k not in TOKEN_KEYS)
+
+
 def shape_str(shape: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items())
 
@@ -86,8 +98,7 @@ def memory_scaling_table(results: list[Result], op: str, mode: str, providers: l
     rows = [r for r in results if r.op == op and r.mode == mode and r.provider in providers]
     by_dv = defaultdict(dict)
     for r in rows:
-        dv = tuple((k, v) for k, v in r.shape.items() if k != "N")
-        by_dv[dv].setdefault(r.shape["N"], {})[r.provider] = r
+        by_dv[fixed_part(r.shape)].setdefault(tokens(r.shape), {})[r.provider] = r
     out = []
     for dv, by_n in by_dv.items():
         out.append(
@@ -158,9 +169,9 @@ def plot(results: list[Result], out_dir: str, tag: str) -> list[str]:
 
     series = defaultdict(lambda: defaultdict(list))
     for r in results:
-        if not r.measured or "N" not in r.shape:
+        if not r.measured:
             continue
-        rest = "_".join(f"{k}{v}" for k, v in r.shape.items() if k != "N")
+        rest = "_".join(f"{k}{v}" for k, v in fixed_part(r.shape))
         series[(r.op, r.mode, rest, r.dtype)][r.provider].append(r)
     paths = []
     for (op, mode, rest, dtype), by_provider in series.items():
@@ -168,12 +179,12 @@ def plot(results: list[Result], out_dir: str, tag: str) -> list[str]:
             continue  # one point is a table entry, not a curve
         fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
         for provider, rows in sorted(by_provider.items()):
-            rows.sort(key=lambda r: r.shape["N"])
-            ns = [r.shape["N"] for r in rows]
+            rows.sort(key=lambda r: tokens(r.shape))
+            ns = [tokens(r.shape) for r in rows]
             color = COLORS.get(provider, "tab:gray")
             ax_t.plot(ns, [r.median_ms for r in rows], marker="o", label=provider, color=color)
             ax_t.fill_between(ns, [r.p20_ms for r in rows], [r.p80_ms for r in rows], alpha=0.2, color=color)
-            mem = [(r.shape["N"], r.extra_mib) for r in rows if r.extra_mib is not None]
+            mem = [(tokens(r.shape), r.extra_mib) for r in rows if r.extra_mib is not None]
             if mem:
                 ax_m.plot(*zip(*mem), marker="o", label=provider, color=color)
         if not ax_m.lines:
@@ -183,7 +194,7 @@ def plot(results: list[Result], out_dir: str, tag: str) -> list[str]:
                 continue
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xlabel("N (tokens)")
+            ax.set_xlabel("tokens (N = B·T)")
             ax.set_ylabel(label)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend()
