@@ -49,6 +49,17 @@ _PLAIN_FUNCTIONS = re.compile(r"\*\*|\b(?:sqrt|pi|exp|log|ln|sin|cos|tan|factori
 _TRANSFORMATIONS = standard_transformations + (implicit_multiplication_application, convert_xor)
 
 
+_PLAIN_NAMES = {"sqrt", "pi", "exp", "log", "ln", "sin", "cos", "tan", "factorial", "binomial", "oo"}
+
+
+def _safe_for_parse_expr(text: str) -> bool:
+    # parse_expr runs eval() on its input and a completion is untrusted text ("sqrt(__import__('os')...)"):
+    # only arithmetic characters, numbers, single-letter symbols and a few known function names get through.
+    if not re.fullmatch(r"[0-9a-zA-Z+\-*/^()., !]*", text) or re.search(r"[a-zA-Z]\s*\.|\.\s*[a-zA-Z]", text):
+        return False
+    return all(len(name) == 1 or name in _PLAIN_NAMES for name in re.findall(r"[a-zA-Z]+", text))
+
+
 def parse_leaf(text: str) -> sympy.Basic | None:
     """Parse one leaf (LaTeX or plain text) into sympy; None when neither parser accepts it."""
     text = text.strip()
@@ -56,6 +67,8 @@ def parse_leaf(text: str) -> sympy.Basic | None:
         return None
     try:
         if "\\" not in text and _PLAIN_FUNCTIONS.search(text):
+            if not _safe_for_parse_expr(text):
+                return None
             expr = parse_expr(text.replace("ln", "log"), transformations=_TRANSFORMATIONS, evaluate=True)
         else:
             expr = latex2sympy(text, normalization_config=_PARSER_NORMALIZATION)

@@ -8,6 +8,7 @@ import pytest
 from math_pairs import PAIRS
 
 from fastrl.trainer.math_normalize import quick_equal
+from fastrl.trainer.math_verify import parse_leaf
 from fastrl.trainer.rewards import VerifierPool, batch_math_equal, math_equal
 
 # Pathological pairs sympy cannot settle quickly: exact evaluation of a 65-million-digit factorial, of a
@@ -116,6 +117,18 @@ def test_none_and_malformed_are_false(pool):
     assert pool.math_equal(None, "1") is False
     assert pool.math_equal("\\boxed{", "1") is False
     assert pool.math_equal("\\\\\\", "}") is False
+
+
+def test_plain_text_is_never_evaluated_as_python(pool, tmp_path):
+    # sympy's parse_expr calls eval(); untrusted completions must not reach it with names other than math.
+    marker = tmp_path / "pwned"
+    payload = f"sqrt(__import__('os').system('touch {marker}'))"
+    assert parse_leaf(payload) is None  # the parser itself, below the prose filter of the comparison
+    assert pool.math_equal(payload, "0") is False
+    assert parse_leaf("sqrt(2).__class__") is None
+    assert not marker.exists()
+    assert parse_leaf("sqrt(2)*x") is not None
+    assert pool.math_equal("sqrt(2)*sqrt(2)", "2") is True  # plain-text math still parses
 
 
 def test_bad_arguments_raise(pool):
