@@ -9,6 +9,7 @@ package ``__init__``.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 
@@ -60,6 +61,7 @@ def _safe_for_parse_expr(text: str) -> bool:
     return all(len(name) == 1 or name in _PLAIN_NAMES for name in re.findall(r"[a-zA-Z]+", text))
 
 
+@functools.lru_cache(maxsize=4096)  # a gold answer is parsed once per group, not once per completion
 def parse_leaf(text: str) -> sympy.Basic | None:
     """Parse one leaf (LaTeX or plain text) into sympy; None when neither parser accepts it."""
     text = text.strip()

@@ -239,21 +239,27 @@ class VerifierPool:
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout!r}")
         results: list[bool] = [False] * len(pairs)
-        pending: deque[int] = deque()
+        # Completions of one prompt often give the same answer: each distinct (pred, gold) is checked once.
+        undecided: dict[tuple[str, str], list[int]] = {}
         for i, pair in enumerate(pairs):
             pred, gold = _check_pair(pair)
             if pred is None:
                 continue
             decided = quick_equal(pred, gold)
             if decided is None:
-                pending.append(i)
+                undecided.setdefault((pred, gold), []).append(i)
             else:
                 results[i] = decided
-        if pending:
-            self._run(pairs, pending, results, float(timeout))
+        if undecided:
+            tasks = list(undecided)
+            for task, verdict in zip(tasks, self._run(tasks, float(timeout))):
+                for i in undecided[task]:
+                    results[i] = verdict
         return results
 
-    def _run(self, pairs, pending: deque[int], results: list[bool], timeout: float) -> None:
+    def _run(self, tasks: list[tuple[str, str]], timeout: float) -> list[bool]:
+        results = [False] * len(tasks)
+        pending = deque(range(len(tasks)))
         workers = [self._acquire(block=True)]
         while len(workers) < len(pending) and (worker := self._acquire(block=False)) is not None:
             workers.append(worker)
@@ -266,7 +272,7 @@ class VerifierPool:
                 while ready and pending:
                     worker, i = ready.pop(), pending.popleft()
                     try:
-                        worker.conn.send((str(pairs[i][0]), str(pairs[i][1])))
+                        worker.conn.send(tasks[i])
                     except OSError:  # it died while idle: the pair waits for the replacement
                         pending.appendleft(i)
                         starting.append(self._replace(worker))
@@ -308,6 +314,7 @@ class VerifierPool:
                 starting.append(self._replace(worker))  # interrupted mid-check: its reply would be stale
             for worker in ready + starting:
                 self._release(worker)
+        return results
 
     def close(self) -> None:
         """Kill every worker; borrowed ones are killed when their call returns. Idempotent."""
