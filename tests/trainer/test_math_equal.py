@@ -104,6 +104,15 @@ def test_batch_with_slow_pairs_keeps_fast_answers(pool):
     assert time.monotonic() - start < 5.0
 
 
+def test_batch_checks_each_distinct_pair_once(pool, monkeypatch):
+    sent = []
+    run = pool._run
+    monkeypatch.setattr(pool, "_run", lambda tasks, timeout: sent.append(list(tasks)) or run(tasks, timeout))
+    pairs = [("x+x", "2x")] * 5 + [("y", "2y")] * 3 + [("7", "7.0")] * 2
+    assert pool.map(pairs) == [True] * 5 + [False] * 3 + [True] * 2
+    assert sent == [[("x+x", "2x"), ("y", "2y")]]  # plain numbers never leave this process
+
+
 def test_dead_worker_is_replaced(pool):
     pool.start()
     for worker in list(pool._idle):
