@@ -92,6 +92,9 @@ def extract_answer(text: str) -> str | None:
     return answer or None
 
 
+_UNICODE_MATH = str.maketrans(
+    {"−": "-", "×": "\\times ", "·": "\\cdot ", "÷": "/", "π": "\\pi ", "∞": "\\infty ", "√": "\\sqrt "}
+)
 _TEXT_RE = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname\*?)\s*\{([^{}]*)\}")
 _UNITS = (
     "cm|mm|km|m|meters?|centimeters?|millimeters?|kilometers?|in|inch|inches|ft|feet|foot|yd|yards?|mi|miles?|"
@@ -109,7 +112,7 @@ def normalize(answer: str) -> str:
 
     Percent becomes a trailing ``%`` and degrees a trailing ``°``, for the comparison to read either way.
     """
-    s = answer.strip()
+    s = answer.strip().translate(_UNICODE_MATH)
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
             s = s[len(left) : len(s) - len(right)].strip()

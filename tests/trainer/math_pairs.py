@@ -123,6 +123,11 @@ PAIRS = [
     # multiple choice
     ("(B)", "B", True),
     ("C", "B", False),
+    # unicode math symbols
+    ("−5", "-5", True),
+    ("2×3", "6", True),
+    ("π/2", "\\frac{\\pi}{2}", True),
+    ("∞", "\\infty", True),
     # plus-minus, empty set, matrices
     ("\\pm 2", "2, -2", True),
     ("x=2 \\text{ or } x=-2", "\\pm 2", True),
