@@ -79,14 +79,15 @@ def _normalizer(normalizer, default: torch.Tensor) -> torch.Tensor:
             raise TypeError(f"normalizer must be a number, a 1-element tensor or None, got {type(normalizer).__name__}")
         if not 0 <= normalizer < float("inf"):
             raise ValueError(f"normalizer must be a finite count >= 0, got {normalizer}")
-        norm = torch.tensor(float(normalizer), device=default.device)
+        norm = torch.full((), float(normalizer), dtype=torch.float32, device=default.device)
     # An empty step (count 0) has a zero numerator: divide by 1 to return 0, not 0/0.
     return torch.where(norm > 0, norm, torch.ones_like(norm))
 
 
 def aggregate(row_loss: torch.Tensor, tokens: torch.Tensor, config: LossConfig, normalizer) -> torch.Tensor:
     """SPEC §3: per-sequence masked sums `[B]` and token counts `[B]` → the scalar loss."""
-    batch = torch.tensor(float(row_loss.shape[0]), device=row_loss.device)
+    # torch.full, not torch.tensor: a fill kernel, no blocking host-to-device copy on CUDA
+    batch = torch.full((), float(row_loss.shape[0]), dtype=torch.float32, device=row_loss.device)
     if config.loss_agg == "token-mean":
         numerator, default = row_loss.sum(), tokens.sum()
     elif config.loss_agg == "seq-mean-token-mean":

@@ -188,3 +188,19 @@ def test_triton_rows_longer_than_one_block(level, monkeypatch):
     monkeypatch.setattr(policy_loss_triton, "MAX_BLOCK_T", 16)
     b = make_batch(B=3, T=37, per_token_adv=level == "token", seed=7)
     assert_matches(b, full_config("seq-mean-token-mean", level, "k3"), "triton")
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_bf16_inputs_compute_in_float32_on_both_paths(level):
+    b = make_batch(dtype=torch.bfloat16, per_token_adv=True, seed=11)
+    cfg = full_config("token-mean", level, "k3")
+    results = {impl: run_fastrl(b, cfg, impl, torch.bfloat16) for impl in IMPLS}
+    (out_t, g_t, ge_t), (out_k, g_k, ge_k) = results["torch"], results["triton"]
+    assert out_t.loss.dtype == out_k.loss.dtype == torch.float32
+    assert g_t.dtype == g_k.dtype == torch.bfloat16
+    torch.testing.assert_close(out_k.loss, out_t.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g_k, g_t)
+    torch.testing.assert_close(ge_k, ge_t)
+    # and both agree with the float64 oracle on the bf16-rounded inputs
+    loss64, _, _ = run_oracle({k: v.double() if v.is_floating_point() else v for k, v in b.items()}, cfg)
+    torch.testing.assert_close(out_t.loss.double(), loss64, rtol=1e-5, atol=1e-6)
