@@ -1,13 +1,13 @@
 """Forward: per-token logsumexp, target logit and entropy statistics, straight from hidden and weight.
 
-Grid = (token blocks, vocab splits). Each program builds `[BLOCK_N, BLOCK_V]` logit tiles with a
-tensor-core K-loop over D and folds them into an online logsumexp over its slice of the vocab.
-It writes three partials per (split, token): running max m, Σ exp(z − m) and Σ exp(z − m)(z − m);
-the first split's programs also write the target logit, a row-wise dot with the gathered weight row.
-`merge_partials` combines the splits with O(N · splits) torch ops. Splitting the
-vocab keeps 132 SMs busy when N is small; with many tokens there is one split and the merge is a
-few elementwise ops. Entropy is accumulated relative to the running max, H = log S − T / S, so it
-does not cancel two large numbers when the logits are large.
+Programs = token blocks × vocab splits. Each builds `[BLOCK_N, BLOCK_V]` logit tiles with a
+tensor-core K-loop over D and folds them into an online logsumexp over its slice of the vocab,
+writing three partials per (split, token): running max m, Σ exp(z − m) and Σ exp(z − m)(z − m).
+The first split's programs also write the target logit, a row-wise dot with the gathered weight row.
+`merge_partials` combines the splits with O(N · splits) torch ops. There are at least
+`configs.FWD_MIN_SPLITS` splits (L2 reuse, see the kernel) and more when N is too small to fill the
+GPU. Entropy is kept relative to the running max, H = log S − T / S, so large logits do not make
+it the difference of two large numbers. Nothing of size N·V is ever stored.
 """
 
 import os
@@ -148,8 +148,8 @@ def logprob_fwd_kernel(
 ):
     # splits vary fastest: a resident wave is ~SMs/splits token blocks whose hidden rows stay in L2
     # while each split's programs walk one vocab range in step and share its weight tiles
-    i_s = tl.program_id(0)
-    i_n = tl.program_id(1).to(tl.int64)
+    i_s = tl.program_id(0) % n_splits
+    i_n = (tl.program_id(0) // n_splits).to(tl.int64)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < N
     b_y = tl.load(targets + o_n * stride_y, mask=m_n, other=-1)
@@ -242,7 +242,7 @@ def logprob_forward(
     target_z = configs.alloc((n,), torch.float32, hidden.device)
 
     def grid(meta):
-        return (n_splits, triton.cdiv(n, meta["BLOCK_N"]))
+        return (n_splits * triton.cdiv(n, meta["BLOCK_N"]),)
 
     fn[grid](
         hidden, weight, bias, targets, part_m, part_s, part_t, target_z,
