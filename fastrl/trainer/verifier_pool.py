@@ -65,16 +65,23 @@ def _serve(fd: int, memory_limit_mb: int) -> None:
     from .math_verify import is_equiv
 
     conn = Connection(fd)
-    conn.send(_READY)
+    try:
+        conn.send(_READY)
+    except OSError:
+        return  # the parent is gone (or gave up on us) before we were ready
     while True:
         try:
-            pred, gold = conn.recv()
+            pred, gold, timeout = conn.recv()
         except (EOFError, OSError):
             return
+        # The parent kills us at the deadline. If it is gone, the orphan watch cannot run while sympy sits in one
+        # long C call (math.factorial holds the GIL), but SIGALRM's default action ends the process regardless.
+        signal.alarm(min(math.ceil(timeout) + 2, 2**31 - 1))
         try:
             result = bool(is_equiv(pred, gold))
         except BaseException:  # MemoryError, RecursionError: the answer is "not verified", the worker lives on
             result = False
+        signal.alarm(0)
         try:
             conn.send(result)
         except OSError:
@@ -272,7 +279,7 @@ class VerifierPool:
                 while ready and pending:
                     worker, i = ready.pop(), pending.popleft()
                     try:
-                        worker.conn.send(tasks[i])
+                        worker.conn.send((*tasks[i], timeout))
                     except OSError:  # it died while idle: the pair waits for the replacement
                         pending.appendleft(i)
                         starting.append(self._replace(worker))

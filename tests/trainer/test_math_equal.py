@@ -1,6 +1,8 @@
 """math_equal: labelled answer pairs, the in-process fast path, hard time limits, threads, the batch API."""
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -153,6 +155,38 @@ def test_bad_arguments_raise(pool):
         pool.map(["1"])
     with pytest.raises(ValueError, match="num_workers"):
         VerifierPool(0)
+
+
+_ORPHAN_PARENT = """
+import sys
+from fastrl.trainer.verifier_pool import VerifierPool
+pool = VerifierPool(2)
+pool.start()
+print(*[w.process.pid for w in pool._idle], flush=True)
+pool.map([("(10^7)!", "10^7 \\\\cdot (10^7-1)!"), ("2^{2^{40}}", "4^{2^{39}}")], timeout=1.0)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_workers_die_with_a_killed_parent():
+    # A parent killed by SIGKILL runs no cleanup; its workers, busy in a long C call, must still end by themselves.
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_PARENT], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    assert len(pids) == 2
+    time.sleep(0.3)  # let them take the slow pairs
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids)
 
 
 def test_close_kills_workers():
