@@ -8,7 +8,10 @@ Workers are plain ``python -c`` subprocesses, not ``multiprocessing`` children: 
 and threads, which makes ``fork`` unsafe, and ``spawn``/``forkserver`` would import ``fastrl/__init__`` (and so
 torch: 1.5 s and 220 MB per worker). The bootstrap registers ``fastrl`` and ``fastrl.trainer`` as bare packages
 and imports only the verifier modules (sympy + latex2sympy2_extended: about 0.5 s). Parent and worker talk over a
-``multiprocessing.connection`` pipe: one ``(pred, gold)`` request, one ``bool`` reply.
+``multiprocessing.connection`` pipe: one ``(pred, gold, timeout)`` request, one ``bool`` reply.
+
+A worker also ends by itself when the parent dies: a thread watches the parent between checks, and during a
+check a ``SIGALRM`` at timeout + 2 s (default action: terminate, which needs no GIL) backs up the parent's kill.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def _serve(fd: int, memory_limit_mb: int) -> None:
     parent = os.getppid()
 
     def _orphan_watch() -> None:
-        # sympy may be deep in a computation when the parent dies; a daemon thread still gets the GIL.
+        # A daemon thread gets the GIL between bytecodes even while sympy computes in Python.
         while os.getppid() == parent:
             time.sleep(0.5)
         os._exit(0)
