@@ -47,6 +47,7 @@ _PARSER_NORMALIZATION = NormalizationConfig(
     basic_latex=True, units=False, malformed_operators=False, nits=False, boxed="none", equations=False
 )
 _PLAIN_FUNCTIONS = re.compile(r"\*\*|\b(?:sqrt|pi|exp|log|ln|sin|cos|tan|factorial|binomial|oo)\b")
+_DECIMAL_RE = re.compile(r"(?<![\d.])(\d{1,400})\.(\d{1,400})(?![\d.])")
 _TRANSFORMATIONS = standard_transformations + (implicit_multiplication_application, convert_xor)
 
 
@@ -73,11 +74,13 @@ def parse_leaf(text: str) -> sympy.Basic | None:
                 return None
             expr = parse_expr(text.replace("ln", "log"), transformations=_TRANSFORMATIONS, evaluate=True)
         else:
+            # Decimals as exact fractions before parsing: the parser's Floats keep only 15 digits.
+            text = _DECIMAL_RE.sub(lambda m: f"\\frac{{{m[1]}{m[2]}}}{{1{'0' * len(m[2])}}}", text)
             expr = latex2sympy(text, normalization_config=_PARSER_NORMALIZATION)
     except Exception:  # both parsers raise many unrelated types on malformed input
         return None
     if isinstance(expr, sympy.Basic) and expr.has(sympy.Float):
-        # Decimals become exact so that 0.25 == 1/4 and 0.3333 != 1/3.
+        # Any decimal left (plain-text input) becomes exact too, so that 0.25 == 1/4 and 0.3333 != 1/3.
         expr = expr.xreplace({f: sympy.Rational(str(f)) for f in expr.atoms(sympy.Float)})
     return expr if isinstance(expr, sympy.Basic) else None
 
