@@ -64,8 +64,13 @@ def config_key(cfg: triton.Config) -> tuple:
     return (tuple(sorted(cfg.kwargs.items())), cfg.num_warps, cfg.num_stages)
 
 
-def autotune_enabled() -> bool:
-    return os.environ.get("FASTRL_AUTOTUNE", "0") == "1"
+# Autotune keys: the token count's bucket and the sizes that change the best tile.
+AUTOTUNE_KEYS = {"logprob_fwd": ["n_bucket", "V", "D"], "logprob_dz": ["n_bucket", "n_cols", "D"]}
+
+
+def autotune_enabled(device: torch.device) -> bool:
+    """FASTRL_AUTOTUNE=1 on a GPU (the interpreter has no benchmarker: it keeps the defaults)."""
+    return os.environ.get("FASTRL_AUTOTUNE", "0") == "1" and device.type == "cuda"
 
 
 def arch_of(device: torch.device) -> int:
@@ -94,11 +99,11 @@ def sm_count(device: torch.device) -> int:
 _TUNED = {}
 
 
-def kernel_and_kwargs(kernel: str, jit_fn, key: list[str], device: torch.device):
+def kernel_and_kwargs(kernel: str, jit_fn, device: torch.device):
     """The kernel to launch and its config kwargs: the default, or an autotuner (then no kwargs)."""
-    if autotune_enabled():
+    if autotune_enabled(device):
         if kernel not in _TUNED:
-            _TUNED[kernel] = triton.autotune(configs=AUTOTUNE_CONFIGS[kernel], key=key)(jit_fn)
+            _TUNED[kernel] = triton.autotune(configs=AUTOTUNE_CONFIGS[kernel], key=AUTOTUNE_KEYS[kernel])(jit_fn)
         return _TUNED[kernel], {}
     cfg = default_config(kernel, device)
     return jit_fn, {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

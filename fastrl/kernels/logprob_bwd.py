@@ -159,7 +159,7 @@ def logprob_backward(
         grad_entropy = grad_entropy.float().contiguous()
     grad_logp = grad_logp.contiguous()
 
-    fn, kwargs = configs.kernel_and_kwargs("logprob_dz", logprob_dz_kernel, ["n_bucket", "n_cols", "D"], dev)
+    fn, kwargs = configs.kernel_and_kwargs("logprob_dz", logprob_dz_kernel, dev)
     dz = configs.alloc((n, chunk_cols), hidden.dtype, dev)
     d_weight = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if needs[1] else None
     d_bias = torch.empty(v, dtype=torch.float32, device=dev) if needs[2] else None

@@ -233,7 +233,7 @@ def logprob_forward(
     """
     n, d = hidden.shape
     v = weight.shape[0]
-    fn, kwargs = configs.kernel_and_kwargs("logprob_fwd", logprob_fwd_kernel, ["n_bucket", "V", "D"], hidden.device)
+    fn, kwargs = configs.kernel_and_kwargs("logprob_fwd", logprob_fwd_kernel, hidden.device)
     cfg = configs.default_config("logprob_fwd", hidden.device).kwargs
     if n_splits is None:
         n_splits = choose_splits(n, v, cfg["BLOCK_N"], cfg["BLOCK_V"], hidden.device)

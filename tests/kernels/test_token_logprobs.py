@@ -171,3 +171,16 @@ def test_all_ignored_and_single_token():
     one = fastrl.token_logprobs(hidden[:1].detach(), weight, torch.tensor([5]), impl="triton")
     ref, _ = token_logprobs_reference(hidden[:1].detach(), weight, torch.tensor([5]))
     assert torch.allclose(one, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", sorted(configs.DEFAULT_CONFIGS))
+def test_configs_fit_their_kernel(kernel):
+    # Autotuning only runs on a GPU; here check that its keys and every config name real kernel params.
+    from fastrl.kernels.logprob_bwd import logprob_dz_kernel
+    from fastrl.kernels.logprob_fwd import logprob_fwd_kernel
+
+    fn = {"logprob_fwd": logprob_fwd_kernel, "logprob_dz": logprob_dz_kernel}[kernel].fn
+    assert set(configs.AUTOTUNE_KEYS[kernel]) <= set(fn.arg_names)
+    for cfg in configs.shipped_configs(kernel):
+        assert set(cfg.kwargs) <= set(fn.arg_names), cfg
+    assert configs.token_bucket(3000) == configs.token_bucket(4096) == 4096
