@@ -1,0 +1,109 @@
+"""The harness's honesty rules, tested on tiny CPU shapes: `pytest bench/test_harness.py` (~1 min).
+
+Skipped under `--benchmark-only` (they time nothing); bench/ is outside the default testpaths.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+import bench.bench_grpo_loss as grpo_bench
+import bench.bench_token_logprobs as tlp_bench
+from bench import __main__ as cli
+from bench import report
+from bench.harness import Result, Settings, ShapeCache, quantiles, rss_peak_bytes, run_config
+from bench.providers import Provider, always, eager_token_logprobs
+
+CPU = torch.device("cpu")
+TINY = dict(N=77, D=40, V=1001)
+FAST = Settings(warmup=0, reps=2, budget_s=1.0, memory=False)
+
+
+def run(provider: Provider, mode="fwd+bwd", settings=FAST) -> Result:
+    return run_config(tlp_bench.OP, provider, TINY, "fp32", mode, CPU, settings, ShapeCache())
+
+
+def test_quantiles_interpolate_linearly():
+    assert quantiles([float(x) for x in range(1, 11)]) == pytest.approx((5.5, 2.8, 8.2))
+    assert quantiles([3.0]) == (3.0, 3.0, 3.0)
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd+bwd"])
+def test_correct_provider_is_timed(mode):
+    r = run(tlp_bench.OP.providers["fastrl-torch"], mode)
+    assert r.status == "ok", r.note
+    assert r.reps == 2 and 0 < r.p20_ms <= r.median_ms <= r.p80_ms
+    assert max(r.errors.values()) < 1e-5
+
+
+def test_wrong_answer_is_fail_with_no_figures():
+    wrong = Provider("wrong", lambda h, w, t: eager_token_logprobs(h, w, t) + 1e-2, always)
+    r = run(wrong)
+    assert r.status == "FAIL" and "logp" in r.note
+    assert r.median_ms is None and r.extra_mib is None and r.reps == 0
+
+
+def test_wrong_gradient_alone_is_caught():
+    class Detached(torch.autograd.Function):  # right values, gradient twice too large
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    wrong = Provider("wrong-grad", lambda h, w, t: Detached.apply(eager_token_logprobs(h, w, t)), always)
+    r = run(wrong)
+    assert r.status == "FAIL" and "hidden.grad" in r.note and "logp" not in r.note
+    assert r.median_ms is None
+
+
+def test_raising_provider_is_error_and_unavailable_is_na():
+    def boom(h, w, t):
+        raise RuntimeError("kaput")
+
+    r = run(Provider("boom", boom, always))
+    assert r.status == "error" and "kaput" in r.note and r.median_ms is None
+    r = run(Provider("absent", boom, lambda device: "not installed"))
+    assert r.status == "n/a" and r.note == "not installed"
+
+
+def test_rss_peak_sees_a_touched_allocation():
+    peak = rss_peak_bytes(lambda: torch.ones(64 * 2**20 // 4))
+    assert 60 * 2**20 <= peak < 200 * 2**20
+
+
+def test_cpu_memory_is_measured_in_a_subprocess():
+    r = run(tlp_bench.OP.providers["eager"], settings=Settings(warmup=0, reps=2, budget_s=1.0, memory=True))
+    assert r.status == "ref", r.note
+    # the eager fwd+bwd holds at least the [N, V] float32 logits once
+    assert r.extra_mib is not None and r.extra_mib * 2**20 >= TINY["N"] * TINY["V"] * 4
+
+
+def test_fail_row_renders_without_numbers():
+    rows = [
+        Result("token_logprobs", "eager", "fwd", TINY, "fp32", "ref", median_ms=2.0, p20_ms=1.0, p80_ms=3.0),
+        Result("token_logprobs", "bad", "fwd", TINY, "fp32", "FAIL", "logp rel err 1e-02 > 1e-04"),
+    ]
+    table = report.sweep_table(rows, "eager", gpu=False)
+    bad = next(line for line in table.splitlines() if "| bad |" in line)
+    assert "FAIL" in bad and "ms" not in bad and bad.count("—") >= 5
+
+
+def test_cli_quick_writes_json_markdown_and_plots(tmp_path, monkeypatch):
+    monkeypatch.setattr(tlp_bench, "CPU_QUICK", [dict(N=n, D=40, V=1001) for n in (64, 128)])
+    monkeypatch.setattr(grpo_bench, "CPU_QUICK", [dict(B=2, T=t, D=40, V=1001) for t in (32, 64)])
+    out = tmp_path / "out"
+    assert cli.main(["--device", "cpu", "--quick", "--out", str(out), "--providers", "eager,fastrl-torch"]) == 0
+    data = json.loads((out / "cpu_quick.json").read_text())
+    assert {"device", "torch", "triton", "git_sha", "timestamp_utc"} <= set(data["environment"])
+    measured = [r for r in data["results"] if r["status"] in ("ok", "ref")]
+    assert {r["op"] for r in measured} == {"token_logprobs", "grpo_loss"}
+    assert all(r["median_ms"] > 0 for r in measured)
+    text = (out / "cpu_quick.md").read_text()
+    assert "peak extra memory" in text and "fastrl-torch" in text
+    pngs = [f for f in os.listdir(out) if f.endswith(".png")]
+    assert any(f.startswith("token_logprobs_fwd_bwd") for f in pngs) and any(f.startswith("grpo_loss") for f in pngs)
