@@ -239,10 +239,28 @@ def _is_symbol(text: str) -> bool:
 
 
 def _unordered_match(a: tuple, b: tuple) -> bool:
-    if not a:
-        return True
-    first, rest = a[0], a[1:]
-    return any(_structures_equal(first, b[j]) and _unordered_match(rest, b[:j] + b[j + 1 :]) for j in range(len(b)))
+    """Whether the items of ``a`` pair off one-to-one with equal items of ``b`` (a perfect matching).
+
+    Augmenting paths over the n x n equality table: at most n^2 comparisons, where trying permutations would
+    explode on repeated items ("1, 1, 1, ..., 2" against "1, 1, 1, ..., 3").
+    """
+    if len(a) != len(b):
+        return False
+    equal = [[_structures_equal(x, y) for y in b] for x in a]
+    if not all(any(row) for row in equal):
+        return False
+    owner: list[int | None] = [None] * len(b)  # owner[j]: the item of a matched to b[j]
+
+    def augment(i: int, seen: set[int]) -> bool:
+        for j in range(len(b)):
+            if equal[i][j] and j not in seen:
+                seen.add(j)
+                if owner[j] is None or augment(owner[j], seen):
+                    owner[j] = i
+                    return True
+        return False
+
+    return all(augment(i, set()) for i in range(len(a)))
 
 
 def _structures_equal(a, b) -> bool:

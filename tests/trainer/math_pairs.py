@@ -114,6 +114,8 @@ PAIRS = [
     ("1, 2", "1, 3", False),
     ("-3, 2", "2 \\text{ and } -3", True),
     ("1, 1, 2", "1, 2, 2", False),
+    ("1, 2, 2", "2, 1, 2", True),
+    (", ".join(["x"] * 12 + ["2"]), ", ".join(["x"] * 12 + ["3"]), False),  # matching, not 12! permutations
     ("x = 1, y = 2", "x=1, y=2", True),
     # inequalities
     ("x > 3", "3 < x", True),
