@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -141,6 +142,21 @@ def startup(workers: int) -> dict:
     return {"pool_start_s": pool_start, "spawn_with_package_import_s": package_import}
 
 
+def environment(workers: int) -> dict:
+    from importlib.metadata import version
+
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {
+        "git_sha": sha or None,
+        "python": platform.python_version(),
+        "sympy": version("sympy"),
+        "latex2sympy2_extended": version("latex2sympy2_extended"),
+        "cpus": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0],  # the machine may be shared: read the rates with this
+        "workers": workers,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
@@ -148,7 +164,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     rng = random.Random(0)
-    results = {"python": platform.python_version(), "workers": args.workers, "cpus": __import__("os").cpu_count()}
+    results = environment(args.workers)
     results["startup"] = startup(args.workers)
     with VerifierPool(args.workers) as pool:
         pool.start()
@@ -156,6 +172,7 @@ def main() -> None:
         results["numeric-sympy"] = throughput(pool, numeric_sympy_pairs, 300, rng, args.repeats)
         results["symbolic"] = throughput(pool, symbolic_pairs, 150, rng, args.repeats)
         results["overshoot"] = overshoot(pool, timeout=1.0, repeats=2)
+    print(f"{args.workers} workers, {results['cpus']} CPUs, load average {results['load_average_1min']:.1f} at start")
     for name in ("numeric", "numeric-sympy", "symbolic"):
         r = results[name]
         print(
