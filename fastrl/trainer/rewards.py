@@ -93,14 +93,23 @@ def batch_accuracy_reward(
 _FORMAT_RE = re.compile(r"^\s*<think>(?P<reasoning>.*?)</think>(?P<answer>.*)$", re.DOTALL)
 
 
-def format_reward(completion: str, gold: str | None = None) -> float:
+def format_reward(completion: str, gold: str | None = None, *, think_in_prompt: bool = False) -> float:
     """1.0 for ``<think>reasoning</think>`` followed by an answer (a complete ``\\boxed{}`` or answer marker).
 
-    The reasoning must be non-empty and the think tags must appear exactly once, in that order. ``gold`` is
+    The reasoning must be non-empty and each think tag must appear exactly once, in that order. ``gold`` is
     ignored; it is accepted so that the function fits the ``RewardFn`` protocol.
+
+    Args:
+        think_in_prompt: the chat template already opened ``<think>`` (DeepSeek-R1 style), so the completion
+            starts inside the reasoning and must contain ``</think>`` but not ``<think>``. Use it through
+            ``functools.partial(format_reward, think_in_prompt=True)``.
     """
     if not isinstance(completion, str):
         raise TypeError(f"completion must be a str, got {type(completion).__name__}: {completion!r:.80}")
+    if think_in_prompt:
+        if "<think>" in completion:
+            return 0.0
+        completion = "<think>" + completion
     m = _FORMAT_RE.match(completion)
     if m is None or "<think>" in m.group("answer") or "</think>" in m.group("answer"):
         return 0.0

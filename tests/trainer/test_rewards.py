@@ -85,6 +85,14 @@ def test_format_reward(completion, expected):
     assert format_reward(completion) == expected
 
 
+def test_format_reward_with_think_opened_by_the_prompt():
+    assert format_reward("reasoning</think> \\boxed{1}", think_in_prompt=True) == 1.0
+    assert format_reward("reasoning</think> \\boxed{1}") == 0.0
+    assert format_reward("<think>reasoning</think> \\boxed{1}", think_in_prompt=True) == 0.0
+    assert format_reward("reasoning \\boxed{1}", think_in_prompt=True) == 0.0
+    assert format_reward("  </think> \\boxed{1}", think_in_prompt=True) == 0.0
+
+
 def test_length_penalty_kimi():
     lengths = [100, 150, 200, 300]
     correct = [True, False, True, False]
