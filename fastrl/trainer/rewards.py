@@ -35,6 +35,7 @@ __all__ = [
     "length_penalty",
     "overlong_penalty",
     "VerifierPool",
+    "default_pool",
 ]
 
 RewardFn = Callable[[str, str], float]  # (completion, gold answer) -> reward
