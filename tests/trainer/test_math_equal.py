@@ -13,9 +13,10 @@ from fastrl.trainer.math_normalize import quick_equal
 from fastrl.trainer.math_verify import parse_leaf
 from fastrl.trainer.rewards import VerifierPool, batch_math_equal, math_equal
 
-# Pathological pairs sympy cannot settle quickly: exact evaluation of a 65-million-digit factorial, of a
-# 2^40-bit power. Both are mathematically equal, so only a working time limit makes them return (False).
-SLOW_PAIRS = [("(10^7)!", "10^7 \\cdot (10^7-1)!"), ("2^{2^{40}}", "4^{2^{39}}")]
+# Pathological pairs sympy cannot settle quickly: exact evaluation of a 360-million-digit factorial (minutes in
+# pure Python, still many seconds with gmpy2), of a 2^40-bit power. Both are mathematically equal, so only a
+# working time limit makes them return (False).
+SLOW_PAIRS = [("(5 \\cdot 10^7)!", "5 \\cdot 10^7 \\cdot (5 \\cdot 10^7-1)!"), ("2^{2^{40}}", "4^{2^{39}}")]
 # Within a second of the timeout is the contract; the tests leave scheduling room on a loaded 2-core machine.
 OVERSHOOT_S = 1.0
 
@@ -67,6 +68,16 @@ def test_pathological_pair_is_false_within_timeout(pool, pred, gold):
     assert pool.math_equal(pred, gold, timeout=timeout) is False
     assert time.monotonic() - start < timeout + OVERSHOOT_S
     assert pool.math_equal("2x+2", "2(x+1)", timeout=5.0) is True  # the replaced worker serves again
+
+
+@pytest.mark.parametrize("pred,gold", SLOW_PAIRS)
+def test_timeout_kills_and_replaces_the_worker(pool, pred, gold):
+    pool.start()
+    before = {w.process.pid for w in pool._idle}
+    assert pool.math_equal(pred, gold, timeout=0.5) is False
+    pool.start()
+    after = {w.process.pid for w in pool._idle}
+    assert len(after) == 2 and len(before & after) == 1  # exactly one worker was killed and replaced
 
 
 def test_timeout_from_non_main_thread(pool):
@@ -157,13 +168,12 @@ def test_bad_arguments_raise(pool):
         VerifierPool(0)
 
 
-_ORPHAN_PARENT = """
-import sys
+_ORPHAN_PARENT = f"""
 from fastrl.trainer.verifier_pool import VerifierPool
 pool = VerifierPool(2)
 pool.start()
 print(*[w.process.pid for w in pool._idle], flush=True)
-pool.map([("(10^7)!", "10^7 \\\\cdot (10^7-1)!"), ("2^{2^{40}}", "4^{2^{39}}")], timeout=1.0)
+pool.map({SLOW_PAIRS!r}, timeout=1.0)
 """
 
 
