@@ -289,7 +289,8 @@ class ShapeCache:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+    return isinstance(exc, (oom, MemoryError)) or "out of memory" in str(exc).lower()
 
 
 def run_config(

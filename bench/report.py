@@ -162,8 +162,11 @@ def write_json(path: str, env: dict, results: list[Result]) -> None:
 
 def plot(results: list[Result], out_dir: str, tag: str) -> list[str]:
     """time vs N and peak extra memory vs N, one line per provider, one PNG per (op, mode, D, V, dtype)."""
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:  # e.g. a lent GPU machine with a bare stack: the tables and JSON are still written
+        print("[bench] matplotlib is not installed: no plots")
+        return []
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
