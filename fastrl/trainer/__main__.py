@@ -1,0 +1,8 @@
+"""`python -m fastrl.trainer train ...` (same as the `fastrl` console script)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

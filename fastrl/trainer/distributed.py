@@ -1,0 +1,98 @@
+"""torch.distributed helpers: data parallelism by sharding prompts, summing gradients and counts.
+
+Launched with `torchrun --nproc-per-node N`, each rank samples completions for its own slice of the
+step's prompts and backpropagates its own micro-batches. Because every rank divides by the GLOBAL
+normalizer, SUM-all-reducing the gradients gives exactly the gradient of the whole batch (no averaging,
+and no DDP wrapper whose forward hooks the body-only forward would bypass). Without a process group
+every helper is the identity, so single-process code paths are the same.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def init_from_env(device_type: str) -> bool:
+    """Join the process group torchrun describes in the environment; False when not under torchrun."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or is_distributed():
+        return is_distributed()
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend)
+    return True
+
+
+def _device() -> torch.device:
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum(value: float) -> float:
+    return all_reduce_sum_list([value])[0]
+
+
+def all_reduce_sum_list(values: list[float]) -> list[float]:
+    if not is_distributed():
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=_device())
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_reduce_max(value: float) -> float:
+    if not is_distributed():
+        return float(value)
+    t = torch.tensor([value], dtype=torch.float64, device=_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def all_reduce_grads(params: list[torch.Tensor]) -> None:
+    """Sum gradients over ranks, in one flat buffer. A rank without a gradient for a parameter sends zeros."""
+    if not is_distributed():
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+        offset += n
+
+
+def shard(items: list, n_ranks: int | None = None, r: int | None = None) -> list:
+    """This rank's contiguous slice of `items` (len(items) must split evenly)."""
+    n_ranks = world_size() if n_ranks is None else n_ranks
+    r = rank() if r is None else r
+    if len(items) % n_ranks:
+        raise ValueError(f"{len(items)} items do not split evenly over {n_ranks} ranks")
+    k = len(items) // n_ranks
+    return items[r * k : (r + 1) * k]
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def cleanup() -> None:
+    if is_distributed():
+        dist.destroy_process_group()

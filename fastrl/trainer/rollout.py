@@ -1,0 +1,120 @@
+"""Rollouts: sample G completions per prompt. The engine interface, and the Hugging Face `generate` engine.
+
+An engine takes tokenized prompts and returns, per completion, its token ids (up to and including EOS),
+whether it was cut at `max_completion_length`, and optionally the sampler's log-probability of each
+sampled token (used for the rollout/trainer mismatch correction, `is_cap`). The vLLM engine lives in
+`rollout_vllm.py` behind the same interface.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    completion_ids: list[int]  # ends with EOS unless truncated
+    truncated: bool  # hit max_completion_length before EOS
+    logprobs: list[float] | None = None  # sampler's log-prob of each completion token
+
+
+def build_prompt(tokenizer, question: str, template: str, chat: bool, max_length: int) -> list[int]:
+    """Token ids of one prompt: the template filled with the question, optionally in the chat template."""
+    text = template.format(prompt=question)
+    if chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        if hasattr(ids, "input_ids"):  # some versions return a BatchEncoding
+            ids = ids["input_ids"]
+    else:
+        ids = tokenizer.encode(text, add_special_tokens=True)
+    return list(ids)[-max_length:]
+
+
+def trim_completion(ids: list[int], eos_id: int) -> tuple[list[int], bool]:
+    """Cut generated ids after the first EOS (generate pads finished rows). Returns (ids, truncated).
+
+    A row without EOS ran the full `max_new_tokens` (generate stops early only when every row is done).
+    """
+    if eos_id in ids:
+        return ids[: ids.index(eos_id) + 1], False
+    return ids, True
+
+
+class HFEngine:
+    """Sampling with `model.generate` on the training model itself (CPU, or GPU without vLLM).
+
+    Prompts are left-padded; the model computes positions from the attention mask, so a padded prompt
+    samples exactly like an unpadded one.
+    """
+
+    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_id = tokenizer.eos_token_id
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int, want_logprobs: bool = False) -> list[Completion]:
+        """`n` samples for each prompt, grouped: completions [i*n : (i+1)*n] belong to prompts[i]."""
+        if not prompts:
+            return []
+        device = next(self.model.parameters()).device
+        rows = [p for p in prompts for _ in range(n)]
+        width = max(len(p) for p in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, p in enumerate(rows):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            attn[i, width - len(p) :] = 1
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(
+            input_ids=ids.to(device),
+            attention_mask=attn.to(device),
+            do_sample=True,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=0,
+            max_new_tokens=self.max_new_tokens,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
+            return_dict_in_generate=True,
+            output_scores=want_logprobs,
+        )
+        self.model.train(was_training)
+        new = out.sequences[:, width:].cpu()
+        token_lp = None
+        if want_logprobs:
+            # `scores` are the processed (temperature / top-p) logits the sampler drew from
+            scores = torch.stack(out.scores, dim=1).float().log_softmax(-1).cpu()
+            token_lp = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        result = []
+        for i, p in enumerate(rows):
+            comp, truncated = trim_completion(new[i].tolist(), self.eos_id)
+            lp = token_lp[i, : len(comp)].tolist() if token_lp is not None else None
+            result.append(Completion(p, comp, truncated, lp))
+        return result
+
+    def sync_weights(self, model) -> None:
+        """Nothing to do: this engine samples from the training model itself."""
+
+
+def make_engine(name: str, model, tokenizer, config):
+    """The rollout engine for `config.engine` ("auto" picks vLLM when installed and on CUDA)."""
+    if name == "auto":
+        name = "hf"
+        if torch.cuda.is_available() and next(model.parameters()).is_cuda:
+            try:
+                import vllm  # noqa: F401
+
+                name = "vllm"
+            except ImportError:
+                pass
+    if name == "vllm":
+        from .rollout_vllm import VLLMEngine
+
+        return VLLMEngine(config, tokenizer)
+    if name == "hf":
+        return HFEngine(model, tokenizer, config.max_completion_length, config.temperature, config.top_p)
+    raise ValueError(f"unknown rollout engine {name!r}; use 'auto', 'hf' or 'vllm'")

@@ -1,0 +1,116 @@
+"""Prompt sources: the synthetic arithmetic task of the tiny preset, and JSONL / Hugging Face datasets.
+
+Every source yields `Problem(prompt, answer)`: `prompt` is the raw question text, `answer` the gold answer
+the accuracy reward compares against. `PromptStream` turns a list of problems into an endless, seeded,
+resumable sequence of batches (its `position` is saved in checkpoints).
+"""
+
+import json
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+
+
+def arithmetic_problems(n: int, max_operand: int, seed: int) -> list[Problem]:
+    """`n` addition problems "a+b=" with 0 <= a, b <= max_operand, drawn with a fixed seed."""
+    if n <= 0 or max_operand <= 0:
+        raise ValueError(f"n and max_operand must be positive, got n={n}, max_operand={max_operand}")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        out.append(Problem(f"{a}+{b}=", str(a + b)))
+    return out
+
+
+def arithmetic_completion(prompt: str, answer: str) -> str:
+    """The tiny task's completion: a reasoning block restating the sum, then the boxed answer.
+
+    It satisfies `format_reward` (non-empty `<think>` block, then `\\boxed{}`) in 8-9 tokens.
+    """
+    return f"<think>{prompt.rstrip('=')}</think>\\boxed{{{answer}}}"
+
+
+def noisy_demonstration(problem: Problem, rng: random.Random, noise: float) -> str:
+    """A warm-up target that is right with probability 1 - noise, else a plausible slip (off by 1 or 10).
+
+    Warming up on these leaves the model with a *partial* skill: it knows the format and puts some of its
+    probability on the right sum, but samples a near miss most of the time. Only the reward tells the
+    samples apart, which is what GRPO has to learn from.
+    """
+    answer = int(problem.answer)
+    if rng.random() < noise:
+        answer = max(0, answer + rng.choice((-10, -1, 1, 10)))
+    return arithmetic_completion(problem.prompt, str(answer))
+
+
+def load_jsonl(path: str, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Problem]:
+    """Problems from a JSONL file with one object per line holding `prompt_key` and `answer_key`."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            for key in (prompt_key, answer_key):
+                if key not in row:
+                    raise ValueError(f"{path}:{lineno} has no key {key!r} (keys: {sorted(row)})")
+            out.append(Problem(str(row[prompt_key]), str(row[answer_key])))
+    if not out:
+        raise ValueError(f"{path} holds no problems")
+    return out
+
+
+def load_hf_dataset(name: str, split: str = "train", prompt_key: str = "problem", answer_key: str = "answer"):
+    """Problems from a Hugging Face dataset (needs the `datasets` package and network or a local cache)."""
+    try:
+        import datasets
+    except ImportError as e:
+        raise ValueError(f"dataset {name!r} needs the `datasets` package: pip install datasets") from e
+    ds = datasets.load_dataset(name, split=split)
+    for key in (prompt_key, answer_key):
+        if key not in ds.column_names:
+            raise ValueError(f"dataset {name!r} has no column {key!r} (columns: {ds.column_names})")
+    return [Problem(str(r[prompt_key]), str(r[answer_key])) for r in ds]
+
+
+def load_problems(source: str, seed: int, **kw) -> list[Problem]:
+    """`arithmetic:<max_operand>`, a path ending in .jsonl, or a Hugging Face dataset name."""
+    if source.startswith("arithmetic"):
+        max_operand = int(source.partition(":")[2] or 99)
+        return arithmetic_problems(kw.get("n", 4096), max_operand, seed)
+    if source.endswith(".jsonl"):
+        return load_jsonl(source, kw.get("prompt_key", "prompt"), kw.get("answer_key", "answer"))
+    return load_hf_dataset(
+        source, kw.get("split", "train"), kw.get("prompt_key", "problem"), kw.get("answer_key", "answer")
+    )
+
+
+class PromptStream:
+    """Endless batches of problems: a fresh seeded shuffle each epoch; `position` counts problems served."""
+
+    def __init__(self, problems: list[Problem], seed: int, position: int = 0):
+        if not problems:
+            raise ValueError("PromptStream needs at least one problem")
+        self.problems, self.seed, self.position = problems, seed, position
+        self._epoch, self._cached = -1, []
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            self._cached = list(range(len(self.problems)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(self._cached)
+            self._epoch = epoch
+        return self._cached
+
+    def next_batch(self, n: int) -> list[Problem]:
+        out = []
+        while len(out) < n:
+            epoch, i = divmod(self.position, len(self.problems))
+            out.append(self.problems[self._order(epoch)[i]])
+            self.position += 1
+        return out

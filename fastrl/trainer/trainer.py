@@ -1,0 +1,388 @@
+"""GRPO trainer: the loop that ties rollouts, rewards, advantages and the fused-loss update together.
+
+Algorithm (DeepSeekMath / R1 GRPO), per rollout batch:
+  1. take `prompts_per_step` prompts (each rank its own shard) and sample G completions of each;
+  2. score them (accuracy + format by default; optional length / overlong shaping);
+  3. advantages A_i = (R_i - mean_group R) / (std_group R + 1e-4) (or batch std, or none);
+  4. if the batch feeds several optimizer steps (ppo_epochs * minibatches > 1), record the sampling
+     policy's log-probs once; with beta > 0, the frozen reference model's log-probs;
+  5. per optimizer step: token-budget micro-batches, the fused clipped-surrogate loss with the GLOBAL
+     normalizer, gradients summed over ranks, clipping, AdamW, LR schedule;
+  6. push the new weights to the rollout engine (vLLM), log, checkpoint.
+
+Run it:  fastrl train --preset tiny --output-dir runs/tiny          (CPU, a few minutes)
+         torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k --model <hf id>
+"""
+
+import copy
+import math
+import random
+import time
+
+import torch
+
+from fastrl.kernels import token_logprobs
+from fastrl.losses import LossConfig
+
+from . import distributed as dist_utils
+from .advantages import group_advantages, zero_std_groups
+from .batching import Sample, collate
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import TrainConfig, config_to_dict
+from .metrics import MetricsLogger
+from .rewards import (
+    accuracy_reward,
+    batch_accuracy_reward,
+    combine_rewards,
+    format_reward,
+    length_penalty,
+    overlong_penalty,
+)
+from .rollout import build_prompt, make_engine
+from .tasks import PromptStream, load_problems, noisy_demonstration
+from .tiny import CharTokenizer, tiny_model
+from .update import completion_hidden, head_params, sequence_logprobs, supports_packing, train_step
+
+REWARD_FNS = {"accuracy": accuracy_reward, "format": format_reward}
+
+
+def build_model(config: TrainConfig, device: torch.device):
+    """(model, tokenizer): the built-in tiny pair, or a Hugging Face causal LM and its tokenizer."""
+    if config.model == "tiny":
+        tokenizer = CharTokenizer()
+        max_len = config.max_prompt_length + config.max_completion_length
+        model = tiny_model(
+            len(tokenizer), config.tiny_hidden_size, config.tiny_layers, max_len=min(max_len, 4096), seed=config.seed
+        )
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        attn = "sdpa"
+        if device.type == "cuda":
+            try:
+                import flash_attn  # noqa: F401
+
+                attn = "flash_attention_2"  # varlen kernels: padding-free packing
+            except ImportError:
+                pass
+        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32, attn_implementation=attn)
+    model.to(device)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, tokenizer
+
+
+def build_reward(config: TrainConfig):
+    terms = []
+    for spec in config.rewards:
+        name, _, weight = spec.partition(":")
+        if name not in REWARD_FNS:
+            raise ValueError(f"unknown reward {name!r} in {spec!r}; known: {sorted(REWARD_FNS)}")
+        terms.append((name, REWARD_FNS[name], float(weight or 1.0)))
+    return combine_rewards(terms)
+
+
+def loss_config(config: TrainConfig) -> LossConfig:
+    return LossConfig(
+        loss_agg=config.loss_agg,
+        eps_low=config.eps_low,
+        eps_high=config.eps_high,
+        dual_clip=config.dual_clip,
+        beta=config.beta,
+        kl=config.kl,
+        entropy_coef=config.entropy_coef,
+        temperature=config.temperature,
+        ratio_level=config.ratio_level,
+        is_cap=config.is_cap,
+        max_completion_length=config.max_completion_length,
+    )
+
+
+def make_scheduler(optimizer, config: TrainConfig):
+    warm, total = config.lr_warmup_steps, config.max_steps
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        frac = (step - warm) / max(1, total - warm)
+        if config.lr_schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+        if config.lr_schedule == "linear":
+            return max(0.0, 1 - frac)
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def sft_warmup(model, tokenizer, problems, config: TrainConfig, packed: bool, progress: bool = False) -> float:
+    """Supervised warm-up on noisy demonstrations (arithmetic task only). Returns the last loss."""
+    if not config.dataset.startswith("arithmetic"):
+        raise ValueError(f"warmup_sft_steps > 0 needs the arithmetic dataset, got {config.dataset!r}")
+    rng = random.Random(config.seed + 17)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.warmup_sft_lr, betas=(0.9, 0.98), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
+    loss = torch.zeros(())
+    model.train()
+    from tqdm import tqdm
+
+    for _ in tqdm(range(config.warmup_sft_steps), desc="sft warm-up", disable=not progress, dynamic_ncols=True):
+        batch = [rng.choice(problems) for _ in range(config.warmup_sft_batch_size)]
+        samples = [
+            Sample(
+                build_prompt(
+                    tokenizer, p.prompt, config.prompt_template, config.chat_template, config.max_prompt_length
+                ),
+                tokenizer.encode(noisy_demonstration(p, rng, config.warmup_sft_noise)) + [tokenizer.eos_token_id],
+                0.0,
+            )
+            for p in batch
+        ]
+        mb = collate(samples, packed, tokenizer.pad_token_id)
+        hidden = completion_hidden(model, mb, config.bf16)
+        weight, bias = head_params(model, hidden.dtype)
+        logp = token_logprobs(hidden, weight, mb["targets"].to(hidden.device), bias=bias, impl=config.impl)
+        mask = mb["mask"].to(hidden.device)
+        loss = -(logp * mask).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    return float(loss.detach())
+
+
+def collect(engine, tokenizer, problems, config: TrainConfig, reward) -> tuple[list[Sample], dict]:
+    """Sample G completions per problem, score them, compute advantages; samples + rollout metrics."""
+    G = config.group_size
+    prompts = [
+        build_prompt(tokenizer, p.prompt, config.prompt_template, config.chat_template, config.max_prompt_length)
+        for p in problems
+    ]
+    comps = engine.generate(prompts, G, want_logprobs=config.is_cap is not None)
+    texts = [tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in comps]
+    golds = [p.answer for p in problems for _ in range(G)]
+    scores = reward.score(texts, golds)
+    correct = scores.per_fn.get("accuracy") or batch_accuracy_reward(texts, golds)
+    total = torch.tensor(scores.total, dtype=torch.float64)
+    lengths = [len(c.completion_ids) for c in comps]
+    if config.length_penalty:
+        for g in range(len(problems)):
+            sl = slice(g * G, (g + 1) * G)
+            pen = length_penalty(lengths[sl], [c > 0.5 for c in correct[sl]])
+            total[sl] += config.length_penalty * torch.tensor(pen, dtype=torch.float64)
+    if config.overlong_buffer:
+        total += torch.tensor(
+            [overlong_penalty(n, config.max_completion_length, config.overlong_buffer) for n in lengths],
+            dtype=torch.float64,
+        )
+    batch_std = None
+    if config.advantage_scale == "batch-std":  # over all ranks' rewards
+        n, s, s2 = dist_utils.all_reduce_sum_list([total.numel(), float(total.sum()), float((total**2).sum())])
+        batch_std = math.sqrt(max(s2 - s * s / n, 0.0) / max(n - 1, 1))
+    adv = group_advantages(total, G, config.advantage_scale, batch_std=batch_std)
+    flat = zero_std_groups(total, G)
+    keep = ~flat.repeat_interleave(G) if config.filter_zero_std else torch.ones(len(comps), dtype=torch.bool)
+    samples = [
+        Sample(
+            c.prompt_ids,
+            c.completion_ids,
+            float(a),
+            not (config.mask_truncated and c.truncated),
+            rollout_logprobs=c.logprobs,
+        )
+        for c, a, k in zip(comps, adv.tolist(), keep.tolist())
+        if k
+    ]
+    n = float(len(comps))
+    sums = [
+        n,
+        float(total.sum()),
+        float((total**2).sum()),
+        float(sum(correct)),
+        float(flat.sum()),
+        float(len(problems)),
+        float(sum(lengths)),
+        float(sum(c.truncated for c in comps)),
+        float(sum(len(p) for p in prompts) * G),
+    ]
+    sums += [float(sum(scores.per_fn[k])) for k in reward.names]
+    g = dist_utils.all_reduce_sum_list(sums)
+    max_len = dist_utils.all_reduce_max(float(max(lengths, default=0)))
+    metrics = {
+        "reward_mean": g[1] / g[0],
+        "reward_std": math.sqrt(max(g[2] / g[0] - (g[1] / g[0]) ** 2, 0.0)),
+        "reward_correct_mean": g[3] / g[0],
+        "frac_zero_std_groups": g[4] / g[5],
+        "response_length_mean": g[6] / g[0],
+        "response_length_max": max_len,
+        "truncation_rate": g[7] / g[0],
+        "rollout_tokens": g[6] + g[8],
+    }
+    metrics.update({f"reward_{k}_mean": v / g[0] for k, v in zip(reward.names, g[9:])})
+    return samples, metrics
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        import os
+
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device(name)
+
+
+def train(config: TrainConfig) -> dict:
+    """Run GRPO as configured; returns the last step's metrics. Resumable from `config.output_dir`."""
+    t_start = time.time()
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    device = resolve_device(config.device)
+    dist_utils.init_from_env(device.type)
+    rank, world = dist_utils.rank(), dist_utils.world_size()
+    if (config.prompts_per_step // world) % config.minibatches or config.prompts_per_step % world:
+        raise ValueError(
+            f"prompts_per_step={config.prompts_per_step} must split evenly over {world} ranks and then "
+            f"into minibatches={config.minibatches}"
+        )
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    model, tokenizer = build_model(config, device)
+    packed = config.packing == "on" or (config.packing == "auto" and supports_packing(model))
+    problems = load_problems(
+        config.dataset,
+        config.seed,
+        split=config.dataset_split,
+        prompt_key=config.prompt_key,
+        answer_key=config.answer_key,
+    )
+    resume_from = latest_checkpoint(config.output_dir) if config.resume else None
+    if config.warmup_sft_steps and resume_from is None:
+        sft_warmup(model, tokenizer, problems, config, packed, progress=config.progress and rank == 0)
+    ref_model = None
+    if config.beta > 0:  # the policy as GRPO starts (after any warm-up); frozen
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, config.adam_beta2)
+    )
+    scheduler = make_scheduler(optimizer, config)
+    stream = PromptStream(problems, config.seed)
+    step, elapsed_before = 0, 0.0
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, model, optimizer, scheduler)
+        step, stream.position, elapsed_before = state["step"], state["data_position"], state.get("elapsed_s", 0.0)
+        if ref_model is not None and "ref_model" in state:
+            ref_model.load_state_dict(state["ref_model"])
+    else:
+        torch.manual_seed(config.seed * 7919 + rank)  # ranks sample differently
+    logger = MetricsLogger(config.output_dir, step if resume_from else None, config.tensorboard, enabled=rank == 0)
+    engine = make_engine(config.engine, model, tokenizer, config)
+    reward = build_reward(config)
+    lcfg = loss_config(config)
+    bar = None
+    if config.progress and rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=config.max_steps, initial=step, desc="grpo", dynamic_ncols=True)
+    t_run = time.time()
+    record: dict = {}
+    while step < config.max_steps:
+        t0 = time.time()
+        batch = dist_utils.shard(stream.next_batch(config.prompts_per_step))
+        samples, rollout_metrics = collect(engine, tokenizer, batch, config, reward)
+        budget = config.max_tokens_per_microbatch
+        if config.needs_old_logprobs:
+            for s, lp in zip(
+                samples,
+                sequence_logprobs(
+                    model, samples, budget, packed, tokenizer.pad_token_id, config.temperature, config.impl, config.bf16
+                ),
+            ):
+                s.old_logprobs = lp
+        if ref_model is not None:
+            for s, lp in zip(
+                samples,
+                sequence_logprobs(
+                    ref_model,
+                    samples,
+                    budget,
+                    packed,
+                    tokenizer.pad_token_id,
+                    config.temperature,
+                    config.impl,
+                    config.bf16,
+                ),
+            ):
+                s.ref_logprobs = lp
+        t_rollout = time.time() - t0
+        for _ in range(config.ppo_epochs):
+            order = list(range(len(samples)))
+            if config.ppo_epochs > 1:
+                random.shuffle(order)
+            chunks = [order[i :: config.minibatches] for i in range(config.minibatches)]
+            for chunk in chunks:
+                if step >= config.max_steps:
+                    break
+                model.train()
+                metrics = train_step(
+                    model,
+                    optimizer,
+                    [samples[i] for i in chunk],
+                    lcfg,
+                    budget=budget,
+                    packed=packed,
+                    pad_id=tokenizer.pad_token_id,
+                    max_grad_norm=config.max_grad_norm,
+                    impl=config.impl,
+                    bf16=config.bf16,
+                )
+                lr = scheduler.get_last_lr()[0]
+                scheduler.step()
+                step += 1
+                dt = time.time() - t0
+                record = {
+                    "step": step,
+                    **rollout_metrics,
+                    "loss": metrics["loss"],
+                    "kl": metrics["kl_mean"],
+                    "clip_frac_low": metrics["clip_frac_low"],
+                    "clip_frac_high": metrics["clip_frac_high"],
+                    "ratio_mean": metrics["ratio_mean"],
+                    "entropy": metrics["entropy_mean"],
+                    "grad_norm": metrics["grad_norm"],
+                    "lr": lr,
+                    "train_tokens": metrics["num_tokens"],
+                    "rollout_s": t_rollout,
+                    "step_s": dt,
+                    "tokens_per_s": rollout_metrics["rollout_tokens"] / max(dt, 1e-9),
+                    "elapsed_s": elapsed_before + time.time() - t_run,
+                }
+                logger.log(record)
+                if bar is not None:
+                    bar.set_postfix(
+                        reward=f"{record['reward_correct_mean']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}"
+                    )
+                    bar.update(1)
+        engine.sync_weights(model)
+        # checkpoints fall on rollout boundaries, so a resumed run never re-does half a rollout batch
+        if (
+            config.save_steps
+            and step % config.save_steps < config.ppo_epochs * config.minibatches
+            and step >= config.save_steps
+        ) or step >= config.max_steps:
+            extra = {
+                "data_position": stream.position,
+                "elapsed_s": elapsed_before + time.time() - t_run,
+                "config": config_to_dict(config),
+            }
+            if ref_model is not None:
+                extra["ref_model"] = ref_model.state_dict()
+            save_checkpoint(config.output_dir, step, model, optimizer, scheduler, extra, config.keep_checkpoints)
+    if bar is not None:
+        bar.close()
+    logger.close()
+    record["total_wall_s"] = time.time() - t_start
+    return record

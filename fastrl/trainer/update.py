@@ -1,0 +1,196 @@
+"""The update: one optimizer step of the fused GRPO loss over token-budgeted micro-batches.
+
+The loss of the whole step is the sum of the micro-batch losses because every micro-batch divides by the
+GLOBAL normalizer (tokens for token-mean, sequences otherwise), summed over micro-batches and ranks. The
+gradient is then exact: each rank backpropagates its share and the gradients are SUM-all-reduced.
+
+The LM body runs on the (packed or padded) micro-batch; the hidden states that predict completion tokens
+are gathered into `[n_seq, max_completion, D]` and handed with `lm_head.weight` to `fastrl.grpo_loss`,
+which never builds the `[tokens, V]` logits. A tied embedding is the same Parameter as the head's weight,
+so autograd sums both of its gradients.
+"""
+
+import math
+from contextlib import nullcontext
+
+import torch
+
+from fastrl.kernels import token_logprobs
+from fastrl.losses import LossConfig, grpo_loss
+
+from . import distributed as dist_utils
+from .batching import Sample, collate, plan_microbatches
+
+# grpo_loss metrics averaged over the step's tokens; a metric the loss did not compute stays 0
+METRIC_KEYS = (
+    "clip_frac_low",
+    "clip_frac_high",
+    "clip_frac_dual",
+    "ratio_mean",
+    "kl_mean",
+    "entropy_mean",
+    "is_weight_mean",
+)
+
+
+def supports_packing(model) -> bool:
+    """Whether the model's attention splits a packed row at position_ids that restart at 0.
+
+    transformers' mask builders do this for sdpa / eager / flash attention when no attention_mask is
+    passed (`masking_utils.find_packed_sequence_indices`); older versions only under flash attention.
+    """
+    impl = getattr(model.config, "_attn_implementation", None) or ""
+    if impl.startswith("flash_attention"):
+        return True
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return False
+    return hasattr(masking_utils, "find_packed_sequence_indices") and impl in ("sdpa", "eager")
+
+
+def body_and_head(model):
+    """The LM body (returns hidden states after the final norm) and the output projection."""
+    head = model.get_output_embeddings()
+    body = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, model.base_model_prefix)
+    if head is None or body is None:
+        raise ValueError(f"{type(model).__name__} has no separable body and lm_head")
+    return body, head
+
+
+def autocast_for(device: torch.device, bf16: bool):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and device.type == "cuda" else nullcontext()
+
+
+def completion_hidden(model, mb: dict, bf16: bool) -> torch.Tensor:
+    """`[n_seq, max_completion, D]` hidden states predicting each completion token of the micro-batch."""
+    body, _ = body_and_head(model)
+    device = next(model.parameters()).device
+    with autocast_for(device, bf16):
+        out = body(
+            input_ids=mb["input_ids"].to(device),
+            position_ids=mb["position_ids"].to(device),
+            attention_mask=None if mb["attention_mask"] is None else mb["attention_mask"].to(device),
+            use_cache=False,
+        )
+    hidden = out.last_hidden_state
+    return hidden.reshape(-1, hidden.shape[-1])[mb["gather"].to(device)]
+
+
+def head_params(model, dtype):
+    _, head = body_and_head(model)
+    weight, bias = head.weight, getattr(head, "bias", None)
+    # under autocast the body emits bf16; the kernel wants one dtype and accumulates in fp32 anyway
+    return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+@torch.no_grad()
+def sequence_logprobs(
+    model,
+    samples: list[Sample],
+    budget: int,
+    packed: bool,
+    pad_id: int,
+    temperature: float,
+    impl: str = "auto",
+    bf16: bool = True,
+) -> list[list[float]]:
+    """Log-probs of each sample's completion tokens under `model` (no grad, fused path, same budget)."""
+    out: list[list[float]] = [[] for _ in samples]
+    for idx in plan_microbatches([len(s) for s in samples], budget, packed):
+        mb = collate([samples[i] for i in idx], packed, pad_id)
+        hidden = completion_hidden(model, mb, bf16)
+        weight, bias = head_params(model, hidden.dtype)
+        targets = mb["targets"].to(hidden.device)
+        logp = token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature, impl=impl).cpu()
+        for row, i in enumerate(idx):
+            out[i] = logp[row, : len(samples[i].completion_ids)].tolist()
+    return out
+
+
+def global_normalizer(samples: list[Sample], loss_agg: str) -> float:
+    """Tokens (token-mean) or sequences (seq-mean-*) that carry loss in this step, over all ranks."""
+    live = [s for s in samples if s.loss_mask]
+    local = sum(len(s.completion_ids) for s in live) if loss_agg == "token-mean" else len(live)
+    return dist_utils.all_reduce_sum(float(local))
+
+
+def train_step(
+    model,
+    optimizer,
+    samples: list[Sample],
+    loss_config: LossConfig,
+    *,
+    budget: int,
+    packed: bool,
+    pad_id: int,
+    max_grad_norm: float = 1.0,
+    impl: str = "auto",
+    bf16: bool = True,
+    log_entropy: bool = True,
+) -> dict:
+    """One optimizer step on this rank's `samples` (a shard of the step's batch). Returns step metrics.
+
+    The caller steps the LR scheduler. Every rank must call this, even with no samples (the collectives
+    must match).
+    """
+    normalizer = global_normalizer(samples, loss_config.loss_agg)
+    sums = dict.fromkeys(("loss", "num_tokens") + METRIC_KEYS, 0.0)
+    for idx in plan_microbatches([len(s) for s in samples], budget, packed) if samples else []:
+        mb = collate([samples[i] for i in idx], packed, pad_id)
+        hidden = completion_hidden(model, mb, bf16)
+        weight, bias = head_params(model, hidden.dtype)
+        dev = hidden.device
+        opt = {
+            k: None if mb[k] is None else mb[k].to(dev) for k in ("old_logprobs", "ref_logprobs", "rollout_logprobs")
+        }
+        if loss_config.is_cap is None:
+            opt["rollout_logprobs"] = None
+        out = grpo_loss(
+            hidden,
+            weight,
+            mb["targets"].to(dev),
+            mb["mask"].to(dev),
+            mb["advantages"].to(dev),
+            bias=bias,
+            config=loss_config,
+            normalizer=normalizer,
+            impl=impl,
+            **opt,
+        )
+        out.loss.backward()
+        n = float(out.metrics["num_tokens"])
+        sums["loss"] += float(out.loss.detach())
+        sums["num_tokens"] += n
+        for k in METRIC_KEYS:
+            if k in out.metrics:
+                sums[k] += float(out.metrics[k]) * n  # token-weighted; divided by the global count below
+        if log_entropy and "entropy_mean" not in out.metrics:
+            with torch.no_grad():
+                _, ent = token_logprobs(
+                    hidden.detach(),
+                    weight.detach(),
+                    mb["targets"].to(dev),
+                    bias=bias,
+                    temperature=loss_config.temperature,
+                    return_entropy=True,
+                    impl=impl,
+                )
+                m = mb["mask"].to(dev)
+                sums["entropy_mean"] += float((ent * m).sum())
+    params = [p for p in model.parameters() if p.requires_grad]
+    dist_utils.all_reduce_grads(params)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf))
+    if normalizer > 0 and math.isfinite(grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return finalize_metrics(sums, grad_norm)
+
+
+def finalize_metrics(sums: dict, grad_norm: float) -> dict:
+    """All-reduce the step's sums (the same keys on every rank) into global means."""
+    totals = dist_utils.all_reduce_sum_list([sums["loss"], sums["num_tokens"]] + [sums[k] for k in METRIC_KEYS])
+    tokens = max(totals[1], 1.0)
+    metrics = {"loss": totals[0], "num_tokens": totals[1], "grad_norm": grad_norm}
+    metrics.update({k: v / tokens for k, v in zip(METRIC_KEYS, totals[2:])})
+    return metrics
