@@ -71,7 +71,9 @@ def _gold_answer(gold: str | int | float) -> str:
         return str(gold)  # GSM8K-style datasets store numbers
     if not isinstance(gold, str):
         raise TypeError(f"gold must be a str (or a number), got {type(gold).__name__}: {gold!r:.80}")
-    # Datasets store the gold either bare ("3/4") or as a full solution ending in \boxed{3/4}.
+    # Datasets store the gold bare ("3/4"), as a full solution ending in \boxed{3/4} (MATH) or in "#### 3/4" (GSM8K).
+    if "####" in gold:
+        return gold.rsplit("####", 1)[1].strip()
     boxed = extract_answer(gold) if "\\boxed" in gold or "\\fbox" in gold else None
     return boxed if boxed is not None else gold
 

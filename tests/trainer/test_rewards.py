@@ -56,6 +56,9 @@ def test_accuracy_reward():
     assert accuracy_reward("<think>2+2</think> \\boxed{4\\sqrt{2}}", "4") == 0.0
     assert accuracy_reward("no answer", "4") == 0.0
     assert accuracy_reward("\\boxed{\\frac12}", "Solution ... so $\\boxed{0.5}$") == 1.0  # boxed gold
+    assert accuracy_reward("\\boxed{1,200}", "Janet sells 12 * 100 = 1200 eggs.\n#### 1200") == 1.0  # GSM8K gold
+    assert accuracy_reward("\\boxed{12}", "Janet sells 12 * 100 = 1200 eggs.\n#### 1200") == 0.0
+    assert accuracy_reward("\\boxed{7}", 7) == 1.0  # numeric gold
 
 
 def test_batch_accuracy_reward():
