@@ -137,7 +137,7 @@ def normalize(answer: str) -> str:
     s = re.sub(r"\b(?:infinity|inf)\b", r"\\infty", s)
     if re.fullmatch(r"\\\{\s*\\\}|\\varnothing|\\O|\{\s*\}", s):
         s = "\\emptyset"
-    m = _THOUSANDS_RE.match(s.replace(" ", ""))
+    m = _THOUSANDS_RE.match(s)  # "1,234" is a number; "1, 234" (with a space) stays a list of two
     if m:
         s = m.group(1) + m.group(2).replace(",", "") + (m.group(3) or "")
     return s
