@@ -26,35 +26,42 @@ def _cfg(block_n, block_v, block_d, num_warps, num_stages, **extra):
     return triton.Config(kwargs, num_warps=num_warps, num_stages=num_stages)
 
 
-# 128x128 logit tiles with a 64-wide K step: tensor-core sized, and the fp32 tile is 64 registers per
-# thread at 8 warps, which leaves room for the softmax epilogue. Larger tiles (128x256, 256x128)
-# spill on both targets; the compile test holds every config below to zero spills.
+# 128x128 logit tiles: tensor-core sized, and the fp32 tile is 64 registers per thread at 8 warps,
+# which leaves room for the softmax epilogue. sm_80's mma.sync keeps its operands in registers, so
+# its forward takes a 32-wide K step. Larger tiles (128x256, 256x128) spill; the compile test holds
+# every config below to zero spills on its target (they were also checked spill-free with triton 3.6).
 DEFAULT_CONFIGS = {
-    "logprob_fwd": {80: _cfg(128, 128, 64, 8, 3), 90: _cfg(128, 128, 64, 8, 4)},
+    "logprob_fwd": {80: _cfg(128, 128, 32, 8, 4), 90: _cfg(128, 128, 64, 8, 4)},
     "logprob_dz": {80: _cfg(128, 128, 64, 8, 3, GROUP_N=16), 90: _cfg(128, 128, 64, 8, 4, GROUP_N=16)},
 }
 
-# Spill-free on sm_80 and sm_90 (checked by tests/kernels/test_compile.py).
+# Candidates per kernel and target for FASTRL_AUTOTUNE=1, each including that target's default.
 AUTOTUNE_CONFIGS = {
-    "logprob_fwd": [
-        _cfg(128, 128, 64, 8, 3),
-        _cfg(128, 128, 64, 8, 4),
-        _cfg(64, 128, 64, 4, 4),
-        _cfg(64, 256, 64, 8, 3),
-    ],
-    "logprob_dz": [
-        _cfg(128, 128, 64, 8, 3, GROUP_N=16),
-        _cfg(128, 128, 64, 8, 4, GROUP_N=16),
-        _cfg(128, 128, 128, 8, 3, GROUP_N=16),
-        _cfg(64, 256, 64, 8, 3, GROUP_N=16),
-    ],
+    "logprob_fwd": {
+        80: [_cfg(128, 128, 32, 8, 4), _cfg(128, 128, 32, 8, 5), _cfg(128, 128, 64, 8, 3)],
+        90: [_cfg(128, 128, 64, 8, 4), _cfg(128, 128, 64, 8, 3), _cfg(128, 128, 32, 8, 5)],
+    },
+    "logprob_dz": {
+        80: [
+            _cfg(128, 128, 64, 8, 3, GROUP_N=16),
+            _cfg(128, 128, 32, 8, 4, GROUP_N=16),
+            _cfg(128, 128, 128, 8, 3, GROUP_N=16),
+            _cfg(64, 256, 64, 8, 3, GROUP_N=16),
+        ],
+        90: [
+            _cfg(128, 128, 64, 8, 4, GROUP_N=16),
+            _cfg(128, 128, 64, 8, 3, GROUP_N=16),
+            _cfg(128, 128, 128, 8, 3, GROUP_N=16),
+            _cfg(64, 256, 64, 8, 3, GROUP_N=16),
+        ],
+    },
 }
 
 
-def shipped_configs(kernel: str) -> list[triton.Config]:
-    """The defaults and the autotune set, without repeats: what the compile test builds."""
+def shipped_configs(kernel: str, arch: int) -> list[triton.Config]:
+    """The default and the autotune candidates for `arch`, without repeats: what the compile test builds."""
     out = []
-    for cfg in [*DEFAULT_CONFIGS[kernel].values(), *AUTOTUNE_CONFIGS[kernel]]:
+    for cfg in [DEFAULT_CONFIGS[kernel][arch], *AUTOTUNE_CONFIGS[kernel][arch]]:
         if all(config_key(cfg) != config_key(c) for c in out):
             out.append(cfg)
     return out
@@ -101,11 +108,13 @@ _TUNED = {}
 
 def kernel_and_kwargs(kernel: str, jit_fn, device: torch.device):
     """The kernel to launch and its config kwargs: the default, or an autotuner (then no kwargs)."""
+    arch = arch_of(device)
     if autotune_enabled(device):
-        if kernel not in _TUNED:
-            _TUNED[kernel] = triton.autotune(configs=AUTOTUNE_CONFIGS[kernel], key=AUTOTUNE_KEYS[kernel])(jit_fn)
-        return _TUNED[kernel], {}
-    cfg = default_config(kernel, device)
+        if (kernel, arch) not in _TUNED:
+            tuner = triton.autotune(configs=AUTOTUNE_CONFIGS[kernel][arch], key=AUTOTUNE_KEYS[kernel])
+            _TUNED[(kernel, arch)] = tuner(jit_fn)
+        return _TUNED[(kernel, arch)], {}
+    cfg = DEFAULT_CONFIGS[kernel][arch]
     return jit_fn, {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 

@@ -72,9 +72,9 @@ def logprob_dz_kernel(
     i_c = ((i_p % per_group) // group_size).to(tl.int64)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < N
-    o_c = i_c * BLOCK_V + tl.arange(0, BLOCK_V)
+    o_c = (i_c * BLOCK_V).to(tl.int32) + tl.arange(0, BLOCK_V)
     m_c = o_c < n_cols
-    o_v = v_lo + o_c
+    o_v = v_lo + o_c.to(tl.int64)
 
     b_z = logit_tile(
         hidden, weight, o_n, m_n, o_v, m_c, D, stride_hn, stride_hd, stride_wv, stride_wd,
@@ -85,12 +85,12 @@ def logprob_dz_kernel(
         b_z += b_b[None, :]
     b_z = b_z * inv_temperature  # [BN, BV]
 
-    b_y = tl.load(targets + o_n * stride_y, mask=m_n, other=ignore_index)
+    b_y = tl.load(targets + o_n * stride_y, mask=m_n, other=ignore_index).to(tl.int32)
     m_r = m_n & (b_y != ignore_index)
     b_lse = tl.load(lse + o_n, mask=m_n, other=0.0)
     b_g = tl.load(grad_logp + o_n, mask=m_r, other=0.0)
     b_p = tl.exp(b_z - b_lse[:, None])  # [BN, BV]
-    b_dz = tl.where(o_v[None, :] == b_y[:, None], b_g[:, None], 0.0) - b_g[:, None] * b_p
+    b_dz = tl.where(o_c[None, :] == (b_y - v_lo)[:, None], b_g[:, None], 0.0) - b_g[:, None] * b_p
     if HAS_ENTROPY_GRAD:
         # z − Σ_u p z = log p + H
         b_h = tl.load(entropy + o_n, mask=m_n, other=0.0)
@@ -124,7 +124,7 @@ def _mm_f32(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch
 
 def slab_cols(n_tokens: int, vocab: int, elem_bytes: int) -> int:
     """Vocab columns per backward chunk: the slab stays under BWD_SLAB_BYTES, a multiple of every BLOCK_V."""
-    unit = max(c.kwargs["BLOCK_V"] for cs in configs.AUTOTUNE_CONFIGS.values() for c in cs)
+    unit = max(c.kwargs["BLOCK_V"] for arch in (80, 90) for c in configs.shipped_configs("logprob_dz", arch))
     cols = configs.BWD_SLAB_BYTES // max(1, n_tokens * elem_bytes) // unit * unit
     return min(max(unit, cols), triton.cdiv(vocab, unit) * unit)
 

@@ -19,7 +19,8 @@ import triton.language as tl
 from . import configs
 from .params import LogprobParams
 
-# Start value of the running max: finite so that (m_old − m_new) · 0 stays 0 on the first tile.
+# Start of the running max and the logit of masked columns: finite, so (m_old − m_new) · 0 and
+# exp(z − m) · (z − m) stay 0 where -inf would give NaN.
 _M_INIT = tl.constexpr(-1e30)
 
 
@@ -56,7 +57,7 @@ def logit_tile(
 ):
     o_d = tl.arange(0, BLOCK_D)
     p_h = hidden + o_n[:, None] * stride_hn + o_d[None, :] * stride_hd  # [BN, BD]
-    p_w = weight + o_v[None, :] * stride_wv + o_d[:, None] * stride_wd  # [BD, BV]
+    p_w = weight + o_v.to(tl.int64)[None, :] * stride_wv + o_d[:, None] * stride_wd  # [BD, BV]
     b_acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(D, BLOCK_D)):
         m_d = o_d < D - i_k * BLOCK_D
@@ -162,22 +163,23 @@ def logprob_fwd_kernel(
     b_s = tl.zeros([BLOCK_N], dtype=tl.float32)
     b_t = tl.zeros([BLOCK_N], dtype=tl.float32)
     for i_t in range(t_lo, t_hi):
-        o_v = (i_t * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
+        o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
         m_v = o_v < V
         b_z = logit_tile(
             hidden, weight, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv, stride_wd,
             BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
         )  # fmt: skip
         if HAS_BIAS:
-            b_b = tl.load(bias + o_v * stride_b, mask=m_v, other=0.0).to(tl.float32)
+            b_b = tl.load(bias + o_v.to(tl.int64) * stride_b, mask=m_v, other=0.0).to(tl.float32)
             b_z += b_b[None, :]
-        b_z = tl.where(m_v[None, :], b_z * inv_temperature, float("-inf"))  # [BN, BV]
+        # masked columns get a finite -1e30, not -inf: exp gives 0 and 0 · (z − m) stays 0
+        b_z = tl.where(m_v[None, :], b_z * inv_temperature, _M_INIT)  # [BN, BV]
         b_mn = tl.maximum(b_m, tl.max(b_z, axis=1))
         b_alpha = tl.exp(b_m - b_mn)
-        b_p = tl.exp(b_z - b_mn[:, None])  # [BN, BV], 0 on masked columns
+        b_zc = b_z - b_mn[:, None]
+        b_p = tl.exp(b_zc)  # [BN, BV]
         if HAS_ENTROPY:
-            b_pz = b_p * tl.where(m_v[None, :], b_z - b_mn[:, None], 0.0)
-            b_t = b_alpha * (b_t + (b_m - b_mn) * b_s) + tl.sum(b_pz, axis=1)
+            b_t = b_alpha * (b_t + (b_m - b_mn) * b_s) + tl.sum(b_p * b_zc, axis=1)
         b_s = b_alpha * b_s + tl.sum(b_p, axis=1)
         b_m = b_mn
 

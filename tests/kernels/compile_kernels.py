@@ -83,7 +83,7 @@ def config_id(cfg) -> str:
 def main(plan):
     """`plan`: [kernel, config_id, arch, dtype] entries; configs come from configs.shipped_configs."""
     for name, cfg_id, arch, dtype in plan:
-        cfg = next(c for c in configs.shipped_configs(name) if config_id(c) == cfg_id)
+        cfg = next(c for c in configs.shipped_configs(name, arch) if config_id(c) == cfg_id)
         compiled = build(KERNELS[name].fn, cfg, arch, dtype)
         ptx = compiled.asm["ptx"]
         regs, spill_st, spill_ld = ptxas_report(ptx, arch)

@@ -2,7 +2,7 @@
 
 No GPU needed: `compile_kernels.py` runs `triton.compile` against a `GPUTarget` in a subprocess with
 TRITON_INTERPRET=0 (this session's kernels are interpreter objects) and runs ptxas -v on the PTX.
-Every config (defaults and the autotune set) is built in bf16; the defaults in fp16 too.
+Every config (default and autotune candidates) is built for its target in bf16; the defaults in fp16 too.
 """
 
 import json
@@ -28,11 +28,13 @@ def _config_id(cfg) -> str:
 
 def _plan():
     plan = []
-    for kernel in configs.DEFAULT_CONFIGS:
-        defaults = {configs.config_key(c) for c in configs.DEFAULT_CONFIGS[kernel].values()}
-        for cfg in configs.shipped_configs(kernel):
-            dtypes = ("bf16", "fp16") if configs.config_key(cfg) in defaults else ("bf16",)
-            plan += [(kernel, _config_id(cfg), arch, dtype) for arch in (80, 90) for dtype in dtypes]
+    for kernel, defaults in configs.DEFAULT_CONFIGS.items():
+        for arch in (80, 90):
+            for cfg in configs.shipped_configs(kernel, arch):
+                is_default = configs.config_key(cfg) == configs.config_key(defaults[arch])
+                plan += [
+                    (kernel, _config_id(cfg), arch, dtype) for dtype in (("bf16", "fp16") if is_default else ("bf16",))
+                ]
     return plan
 
 

@@ -181,6 +181,7 @@ def test_configs_fit_their_kernel(kernel):
 
     fn = {"logprob_fwd": logprob_fwd_kernel, "logprob_dz": logprob_dz_kernel}[kernel].fn
     assert set(configs.AUTOTUNE_KEYS[kernel]) <= set(fn.arg_names)
-    for cfg in configs.shipped_configs(kernel):
-        assert set(cfg.kwargs) <= set(fn.arg_names), cfg
+    for arch in (80, 90):
+        for cfg in configs.shipped_configs(kernel, arch):
+            assert set(cfg.kwargs) <= set(fn.arg_names), cfg
     assert configs.token_bucket(3000) == configs.token_bucket(4096) == 4096
