@@ -11,7 +11,7 @@ setup(
     install_requires=[
         "torch>=2.4",
         "sympy>=1.12",
-        "latex2sympy2_extended>=1.10",
+        "latex2sympy2_extended==1.11.0",
         "transformers>=4.46",
         "pyyaml",
         "tqdm",
