@@ -56,9 +56,8 @@ def build(jit_fn, cfg, arch, dtype):
 def ptxas_path(arch):
     from triton.backends.nvidia import compiler as nv
 
-    if hasattr(nv, "get_ptxas"):
-        return nv.get_ptxas(arch).path
-    return nv._path_to_binary("ptxas")[0]
+    tool = nv.get_ptxas(arch) if hasattr(nv, "get_ptxas") else nv._path_to_binary("ptxas")
+    return tool.path if hasattr(tool, "path") else tool[0]  # triton >= 3.4: NvidiaTool; older: (path, version)
 
 
 def ptxas_report(ptx, arch):
