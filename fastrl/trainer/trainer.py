@@ -18,6 +18,7 @@ import copy
 import math
 import random
 import time
+import warnings
 
 import torch
 
@@ -151,6 +152,7 @@ def sft_warmup(model, tokenizer, problems, config: TrainConfig, packed: bool, pr
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+    opt.zero_grad(set_to_none=True)  # the GRPO step must not inherit the last warm-up gradient
     return float(loss.detach())
 
 
@@ -340,7 +342,9 @@ def train(config: TrainConfig) -> dict:
                     bf16=config.bf16,
                 )
                 lr = scheduler.get_last_lr()[0]
-                scheduler.step()
+                with warnings.catch_warnings():  # a step with nothing to train skips optimizer.step()
+                    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+                    scheduler.step()
                 step += 1
                 dt = time.time() - t0
                 record = {

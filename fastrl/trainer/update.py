@@ -134,6 +134,7 @@ def train_step(
     The caller steps the LR scheduler. Every rank must call this, even with no samples (the collectives
     must match).
     """
+    model.zero_grad(set_to_none=True)
     normalizer = global_normalizer(samples, loss_config.loss_agg)
     sums = dict.fromkeys(("loss", "num_tokens") + METRIC_KEYS, 0.0)
     for idx in plan_microbatches([len(s) for s in samples], budget, packed) if samples else []:
