@@ -121,6 +121,9 @@ def test_forward_vocab_splits_merge(n_splits):
 def test_backward_in_vocab_chunks(monkeypatch, dtype):
     # A tiny slab budget walks V=1001 in 256-column chunks: d_hidden accumulates across chunks in fp32.
     monkeypatch.setattr(configs, "BWD_SLAB_BYTES", 1)
+    shapes = []
+    alloc = configs.alloc
+    monkeypatch.setattr(configs, "alloc", lambda shape, *a: shapes.append(tuple(shape)) or alloc(shape, *a))
     hidden, weight, bias, targets = make_inputs((77,), 120, 1001, dtype, True)
     g, e = torch.randn(77), torch.randn(77)
     up = lambda t: t.double()  # noqa: E731
@@ -130,6 +133,8 @@ def test_backward_in_vocab_chunks(monkeypatch, dtype):
     for name, ref in truth.items():
         err, err_eager = rel_err(got[name], ref), rel_err(eager[name], ref)
         assert err <= err_eager + TOL[dtype], f"{name}: err {err:.2e} vs eager {err_eager:.2e}"
+    # kernel buffers: O(N · splits) forward partials and one [N, 256] backward slab, never [N, V]
+    assert (77, 256) in shapes and max(s[-1] for s in shapes) <= 256, shapes
 
 
 @pytest.mark.parametrize("impl", IMPLS)
