@@ -123,10 +123,11 @@ def _mm_f32(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch
 
 
 def slab_cols(n_tokens: int, vocab: int, elem_bytes: int) -> int:
-    """Vocab columns per backward chunk: the slab stays under BWD_SLAB_BYTES, a multiple of every BLOCK_V."""
+    """Vocab columns per backward chunk: under BWD_SLAB_BYTES (or one BLOCK_V unit), a multiple of every BLOCK_V."""
     unit = max(c.kwargs["BLOCK_V"] for arch in (80, 90) for c in configs.shipped_configs("logprob_dz", arch))
-    cols = configs.BWD_SLAB_BYTES // max(1, n_tokens * elem_bytes) // unit * unit
-    return min(max(unit, cols), triton.cdiv(vocab, unit) * unit)
+    cols = max(unit, configs.BWD_SLAB_BYTES // max(1, n_tokens * elem_bytes) // unit * unit)
+    n_chunks = triton.cdiv(vocab, cols)
+    return triton.cdiv(triton.cdiv(vocab, n_chunks), unit) * unit  # equal chunks, not a thin last one
 
 
 def logprob_backward(
