@@ -256,6 +256,7 @@ def environment(device: torch.device) -> dict:
         "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(["python -m bench"] + sys.argv[1:]),
         "load_average_start": load_average(),
+        "fastrl_env": {k: v for k, v in os.environ.items() if k.startswith("FASTRL_")},
     }
 
 
