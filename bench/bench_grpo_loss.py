@@ -32,6 +32,7 @@ GPU_COMPILE_SHAPES = [dict(B=8, T=1024, D=2048, V=128256)]
 class GrpoLossOp:
     name = "grpo_loss"
     baseline = "eager"
+    budget_share = 0.3  # of the run budget (GPU: 210 s)
     providers = GRPO_LOSS_PROVIDERS
     tiny_shape = dict(B=2, T=32, D=64, V=512)
 

@@ -53,6 +53,7 @@ class Backward:
 class TokenLogprobsOp:
     name = "token_logprobs"
     baseline = "eager"
+    budget_share = 0.7  # of the run budget (GPU: 210 s)
     tiny_shape = dict(N=64, D=64, V=512)  # warm-up shape for the memory subprocess
     providers = TOKEN_LOGPROBS_PROVIDERS
 
