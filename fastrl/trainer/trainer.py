@@ -16,6 +16,7 @@ Run it:  fastrl train --preset tiny --output-dir runs/tiny          (CPU, a few 
 
 import copy
 import math
+import os
 import random
 import time
 import warnings
@@ -156,6 +157,21 @@ def sft_warmup(model, tokenizer, problems, config: TrainConfig, packed: bool, pr
     return float(loss.detach())
 
 
+def shaped_rewards(scores, correct: list[float], lengths: list[int], config: TrainConfig) -> torch.Tensor:
+    """The combined reward plus the optional length (Kimi k1.5, per group) and overlong (DAPO) terms."""
+    G = config.group_size
+    total = torch.tensor(scores.total, dtype=torch.float64)
+    if config.length_penalty:
+        for start in range(0, len(lengths), G):
+            sl = slice(start, start + G)
+            pen = length_penalty(lengths[sl], [c > 0.5 for c in correct[sl]])
+            total[sl] += config.length_penalty * torch.tensor(pen, dtype=torch.float64)
+    if config.overlong_buffer:
+        pen = [overlong_penalty(n, config.max_completion_length, config.overlong_buffer) for n in lengths]
+        total += torch.tensor(pen, dtype=torch.float64)
+    return total
+
+
 def collect(engine, tokenizer, problems, config: TrainConfig, reward) -> tuple[list[Sample], dict]:
     """Sample G completions per problem, score them, compute advantages; samples + rollout metrics."""
     G = config.group_size
@@ -167,63 +183,44 @@ def collect(engine, tokenizer, problems, config: TrainConfig, reward) -> tuple[l
     texts = [tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in comps]
     golds = [p.answer for p in problems for _ in range(G)]
     scores = reward.score(texts, golds)
-    correct = scores.per_fn.get("accuracy") or batch_accuracy_reward(texts, golds)
-    total = torch.tensor(scores.total, dtype=torch.float64)
+    correct = scores.per_fn["accuracy"] if "accuracy" in scores.per_fn else batch_accuracy_reward(texts, golds)
     lengths = [len(c.completion_ids) for c in comps]
-    if config.length_penalty:
-        for g in range(len(problems)):
-            sl = slice(g * G, (g + 1) * G)
-            pen = length_penalty(lengths[sl], [c > 0.5 for c in correct[sl]])
-            total[sl] += config.length_penalty * torch.tensor(pen, dtype=torch.float64)
-    if config.overlong_buffer:
-        total += torch.tensor(
-            [overlong_penalty(n, config.max_completion_length, config.overlong_buffer) for n in lengths],
-            dtype=torch.float64,
-        )
+    total = shaped_rewards(scores, correct, lengths, config)
     batch_std = None
-    if config.advantage_scale == "batch-std":  # over all ranks' rewards
+    if config.advantage_scale == "batch-std":  # the std over all ranks' rewards
         n, s, s2 = dist_utils.all_reduce_sum_list([total.numel(), float(total.sum()), float((total**2).sum())])
         batch_std = math.sqrt(max(s2 - s * s / n, 0.0) / max(n - 1, 1))
-    adv = group_advantages(total, G, config.advantage_scale, batch_std=batch_std)
+    adv = group_advantages(total, G, config.advantage_scale, batch_std=batch_std).tolist()
     flat = zero_std_groups(total, G)
-    keep = ~flat.repeat_interleave(G) if config.filter_zero_std else torch.ones(len(comps), dtype=torch.bool)
+    drop = flat.repeat_interleave(G).tolist() if config.filter_zero_std else [False] * len(comps)
     samples = [
         Sample(
-            c.prompt_ids,
-            c.completion_ids,
-            float(a),
-            not (config.mask_truncated and c.truncated),
-            rollout_logprobs=c.logprobs,
+            c.prompt_ids, c.completion_ids, a, not (config.mask_truncated and c.truncated), rollout_logprobs=c.logprobs
         )
-        for c, a, k in zip(comps, adv.tolist(), keep.tolist())
-        if k
+        for c, a, d in zip(comps, adv, drop)
+        if not d
     ]
-    n = float(len(comps))
-    sums = [
-        n,
-        float(total.sum()),
-        float((total**2).sum()),
-        float(sum(correct)),
-        float(flat.sum()),
-        float(len(problems)),
-        float(sum(lengths)),
-        float(sum(c.truncated for c in comps)),
-        float(sum(len(p) for p in prompts) * G),
-    ]
-    sums += [float(sum(scores.per_fn[k])) for k in reward.names]
-    g = dist_utils.all_reduce_sum_list(sums)
-    max_len = dist_utils.all_reduce_max(float(max(lengths, default=0)))
+    # global sums over ranks, then means
+    local = {
+        "n": len(comps), "reward": float(total.sum()), "reward_sq": float((total**2).sum()),
+        "correct": sum(correct), "flat_groups": float(flat.sum()), "groups": len(problems),
+        "length": sum(lengths), "truncated": sum(c.truncated for c in comps),
+        "prompt_tokens": sum(len(p) for p in prompts) * G,
+        **{f"reward_{k}_mean": sum(v) for k, v in scores.per_fn.items()},
+    }  # fmt: skip
+    g = dict(zip(local, dist_utils.all_reduce_sum_list([float(v) for v in local.values()])))
+    n = g["n"]
     metrics = {
-        "reward_mean": g[1] / g[0],
-        "reward_std": math.sqrt(max(g[2] / g[0] - (g[1] / g[0]) ** 2, 0.0)),
-        "reward_correct_mean": g[3] / g[0],
-        "frac_zero_std_groups": g[4] / g[5],
-        "response_length_mean": g[6] / g[0],
-        "response_length_max": max_len,
-        "truncation_rate": g[7] / g[0],
-        "rollout_tokens": g[6] + g[8],
+        "reward_mean": g["reward"] / n,
+        "reward_std": math.sqrt(max(g["reward_sq"] / n - (g["reward"] / n) ** 2, 0.0)),
+        "reward_correct_mean": g["correct"] / n,
+        "frac_zero_std_groups": g["flat_groups"] / g["groups"],
+        "response_length_mean": g["length"] / n,
+        "response_length_max": dist_utils.all_reduce_max(float(max(lengths, default=0))),
+        "truncation_rate": g["truncated"] / n,
+        "rollout_tokens": g["length"] + g["prompt_tokens"],
+        **{k: v / n for k, v in g.items() if k.startswith("reward_") and k.endswith("_mean")},
     }
-    metrics.update({f"reward_{k}_mean": v / g[0] for k, v in zip(reward.names, g[9:])})
     return samples, metrics
 
 
@@ -231,8 +228,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
-        import os
-
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device(name)
 
