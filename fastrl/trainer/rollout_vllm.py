@@ -1,9 +1,11 @@
 """vLLM rollouts colocated with training on one GPU (sleep while training, wake to generate).
 
 Written against vLLM's documented Python API (`LLM(..., enable_sleep_mode=True)`, `LLM.sleep(level=1)`,
-`LLM.wake_up(tags=[...])`, `SamplingParams(n=..., logprobs=0)`, in-process model access for weight
-loading). NOT EXERCISED in this repository's CI: vLLM does not install on the CPU machines the tests run
-on. The HF engine in `rollout.py` implements the same interface and is the tested one.
+`LLM.wake_up(tags=[...])`, `SamplingParams(n=..., logprobs=0)`, `LLM.apply_model` / in-process model
+access for weight loading). NOT EXERCISED in this repository's CI: vLLM does not install on the CPU
+machines the tests run on. The HF engine in `rollout.py` implements the same interface and is tested.
+The sampled-token log-probs are vLLM's defaults (raw model log-probs in older versions): they match the
+trainer's only at temperature 1 and top_p 1, which the `is_cap` correction assumes.
 
 Cycle per optimizer step: `generate` (engine awake) -> `sleep` (weights offloaded, KV cache freed, the
 trainer gets the memory) -> update -> `sync_weights` (wake the weights only, load the new ones, then
@@ -64,8 +66,12 @@ class VLLMEngine:
     def sync_weights(self, model) -> None:
         """Push the trainer's weights into the sleeping engine (weights woken first, KV cache after)."""
         self.llm.wake_up(tags=["weights"])
-        runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
-        state = model.state_dict()
-        runner.model.load_weights(weights=((name, t) for name, t in state.items()))
+        weights = list(model.state_dict().items())
+        if hasattr(self.llm, "apply_model"):  # vLLM >= 0.9: run a function on the engine's model
+            self.llm.apply_model(lambda m: m.load_weights(weights=weights))
+        else:  # older in-process engines: reach the model through the driver worker
+            worker = self.llm.llm_engine.model_executor.driver_worker
+            runner = worker.worker.model_runner if hasattr(worker, "worker") else worker.model_runner
+            runner.model.load_weights(weights=weights)
         self.llm.wake_up(tags=["kv_cache"])
         self.asleep = False
