@@ -73,7 +73,11 @@ def build_model(config: TrainConfig, device: torch.device):
         model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32, attn_implementation=attn)
     model.to(device)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return model, tokenizer
 
 

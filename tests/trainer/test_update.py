@@ -69,3 +69,18 @@ def test_rollout_logprobs_match_the_trainer_recompute():
     recomputed = sequence_logprobs(model, samples, 1 << 20, packed=True, pad_id=0, temperature=0.7)
     for c, lp in zip(comps, recomputed):
         torch.testing.assert_close(torch.tensor(lp), torch.tensor(c.logprobs), rtol=1e-4, atol=1e-4)
+
+
+def test_activation_checkpointing_gives_the_same_step():
+    def delta(checkpointing):
+        model = tiny_model(64, hidden_size=32, num_layers=2, num_heads=4, seed=0)
+        if checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            assert model.is_activation_checkpointing
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        train_step(model, opt, make_samples(), LossConfig(), budget=20, packed=True, pad_id=0, max_grad_norm=0)
+        return [b - p.detach() for b, p in zip(before, model.parameters())]
+
+    for a, b in zip(delta(False), delta(True)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
