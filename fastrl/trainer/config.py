@@ -77,6 +77,7 @@ class TrainConfig:
     keep_checkpoints: int = 2  # complete checkpoints kept on disk
     resume: bool = False  # continue from the latest checkpoint in output_dir
     seed: int = 0  # seeds model init, data order and sampling
+    log_entropy: bool = True  # log the policy entropy (one extra no-grad pass over the vocabulary)
     tensorboard: bool = False  # also write TensorBoard scalars (needs the tensorboard package)
     progress: bool = True  # tqdm progress bar
     num_threads: int = 0  # torch CPU threads (0 = torch's default)

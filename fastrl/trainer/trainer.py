@@ -228,6 +228,45 @@ def collect(engine, tokenizer, problems, config: TrainConfig, reward) -> tuple[l
     return samples, metrics
 
 
+def attach_logprobs(model, samples: list[Sample], field: str, config: TrainConfig, packed: bool, pad_id: int):
+    """Set `field` of each sample to its completion's log-probs under `model` (no grad, fused path)."""
+    logprobs = sequence_logprobs(
+        model, samples, config.max_tokens_per_microbatch, packed, pad_id, config.temperature, config.impl, config.bf16
+    )
+    for s, lp in zip(samples, logprobs):
+        setattr(s, field, lp)
+
+
+def step_record(step: int, rollout: dict, update: dict, lr: float, rollout_s: float, step_s: float) -> dict:
+    """One metrics.jsonl line: the rollout batch's metrics and this optimizer step's."""
+    return {
+        "step": step,
+        **rollout,
+        "loss": update["loss"],
+        "kl": update["kl_mean"],
+        "clip_frac_low": update["clip_frac_low"],
+        "clip_frac_high": update["clip_frac_high"],
+        "ratio_mean": update["ratio_mean"],
+        "entropy": update["entropy_mean"],
+        "grad_norm": update["grad_norm"],
+        "lr": lr,
+        "train_tokens": update["num_tokens"],
+        "rollout_s": rollout_s,
+        "step_s": step_s,
+        "tokens_per_s": rollout["rollout_tokens"] / max(step_s, 1e-9),
+    }
+
+
+def should_save(step: int, config: TrainConfig) -> bool:
+    """Save at the end, and at the first rollout boundary at or after each multiple of save_steps.
+
+    Checkpoints fall on rollout boundaries so a resumed run never re-does half a rollout batch.
+    """
+    per_rollout = config.ppo_epochs * config.minibatches
+    periodic = config.save_steps > 0 and step >= config.save_steps and step % config.save_steps < per_rollout
+    return periodic or step >= config.max_steps
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -294,30 +333,10 @@ def train(config: TrainConfig) -> dict:
         t0 = time.time()
         batch = dist_utils.shard(stream.next_batch(config.prompts_per_step))
         samples, rollout_metrics = collect(engine, tokenizer, batch, config, reward)
-        budget = config.max_tokens_per_microbatch
-        if config.needs_old_logprobs:
-            for s, lp in zip(
-                samples,
-                sequence_logprobs(
-                    model, samples, budget, packed, tokenizer.pad_token_id, config.temperature, config.impl, config.bf16
-                ),
-            ):
-                s.old_logprobs = lp
+        if config.needs_old_logprobs:  # the batch feeds several steps: freeze the sampler's log-probs
+            attach_logprobs(model, samples, "old_logprobs", config, packed, tokenizer.pad_token_id)
         if ref_model is not None:
-            for s, lp in zip(
-                samples,
-                sequence_logprobs(
-                    ref_model,
-                    samples,
-                    budget,
-                    packed,
-                    tokenizer.pad_token_id,
-                    config.temperature,
-                    config.impl,
-                    config.bf16,
-                ),
-            ):
-                s.ref_logprobs = lp
+            attach_logprobs(ref_model, samples, "ref_logprobs", config, packed, tokenizer.pad_token_id)
         t_rollout = time.time() - t0
         for _ in range(config.ppo_epochs):
             order = list(range(len(samples)))
@@ -333,36 +352,21 @@ def train(config: TrainConfig) -> dict:
                     optimizer,
                     [samples[i] for i in chunk],
                     lcfg,
-                    budget=budget,
+                    budget=config.max_tokens_per_microbatch,
                     packed=packed,
                     pad_id=tokenizer.pad_token_id,
                     max_grad_norm=config.max_grad_norm,
                     impl=config.impl,
                     bf16=config.bf16,
+                    log_entropy=config.log_entropy,
                 )
                 lr = scheduler.get_last_lr()[0]
                 with warnings.catch_warnings():  # a step with nothing to train skips optimizer.step()
                     warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
                     scheduler.step()
                 step += 1
-                dt = time.time() - t0
-                record = {
-                    "step": step,
-                    **rollout_metrics,
-                    "loss": metrics["loss"],
-                    "kl": metrics["kl_mean"],
-                    "clip_frac_low": metrics["clip_frac_low"],
-                    "clip_frac_high": metrics["clip_frac_high"],
-                    "ratio_mean": metrics["ratio_mean"],
-                    "entropy": metrics["entropy_mean"],
-                    "grad_norm": metrics["grad_norm"],
-                    "lr": lr,
-                    "train_tokens": metrics["num_tokens"],
-                    "rollout_s": t_rollout,
-                    "step_s": dt,
-                    "tokens_per_s": rollout_metrics["rollout_tokens"] / max(dt, 1e-9),
-                    "elapsed_s": elapsed_before + time.time() - t_run,
-                }
+                record = step_record(step, rollout_metrics, metrics, lr, t_rollout, time.time() - t0)
+                record["elapsed_s"] = elapsed_before + time.time() - t_run
                 logger.log(record)
                 if bar is not None:
                     bar.set_postfix(
@@ -370,12 +374,7 @@ def train(config: TrainConfig) -> dict:
                     )
                     bar.update(1)
         engine.sync_weights(model)
-        # checkpoints fall on rollout boundaries, so a resumed run never re-does half a rollout batch
-        if (
-            config.save_steps
-            and step % config.save_steps < config.ppo_epochs * config.minibatches
-            and step >= config.save_steps
-        ) or step >= config.max_steps:
+        if should_save(step, config):
             extra = {
                 "data_position": stream.position,
                 "elapsed_s": elapsed_before + time.time() - t_run,

@@ -74,6 +74,10 @@ def completion_hidden(model, mb: dict, bf16: bool) -> torch.Tensor:
             use_cache=False,
         )
     hidden = out.last_hidden_state
+    if bf16 and device.type == "cuda":
+        # the final norm may come back in fp32 (fp32 weight * bf16 activations); the fused loss runs the
+        # head matmul in bf16 like an autocast Linear would (its statistics stay fp32)
+        hidden = hidden.to(torch.bfloat16)
     return hidden.reshape(-1, hidden.shape[-1])[mb["gather"].to(device)]
 
 
