@@ -9,6 +9,7 @@ sampled token (used for the rollout/trainer mismatch correction, `is_cap`). The 
 from dataclasses import dataclass
 
 import torch
+from transformers import GenerationConfig
 
 
 @dataclass
@@ -31,14 +32,23 @@ def build_prompt(tokenizer, question: str, template: str, chat: bool, max_length
     return list(ids)[-max_length:]
 
 
-def trim_completion(ids: list[int], eos_id: int) -> tuple[list[int], bool]:
-    """Cut generated ids after the first EOS (generate pads finished rows). Returns (ids, truncated).
+def trim_completion(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
+    """Cut generated ids after the first end token (generate pads finished rows). Returns (ids, truncated).
 
-    A row without EOS ran the full `max_new_tokens` (generate stops early only when every row is done).
+    A row without one ran the full `max_new_tokens` (generate stops early only when every row is done).
     """
-    if eos_id in ids:
-        return ids[: ids.index(eos_id) + 1], False
+    for i, t in enumerate(ids):
+        if t in eos_ids:
+            return ids[: i + 1], False
     return ids, True
+
+
+def end_token_ids(model, tokenizer) -> list[int]:
+    """The tokenizer's EOS plus the model's generation-config end tokens (chat models end turns differently)."""
+    ids = [tokenizer.eos_token_id]
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += extra if isinstance(extra, (list, tuple)) else [extra]
+    return sorted({i for i in ids if i is not None})
 
 
 class HFEngine:
@@ -52,7 +62,20 @@ class HFEngine:
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.eos_id = tokenizer.eos_token_id
+        self.eos_ids = end_token_ids(model, tokenizer)
+        # Our own config, swapped in during generate: transformers fills "unset" fields of a passed config
+        # from model.generation_config, so a model default (top_k, repetition_penalty, ...) would otherwise
+        # change the sampling distribution away from the one the loss scores (softmax(logits / T), top-p).
+        self.generation_config = GenerationConfig(
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids,
+            return_dict_in_generate=True,
+        )
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, want_logprobs: bool = False) -> list[Completion]:
@@ -67,22 +90,15 @@ class HFEngine:
         for i, p in enumerate(rows):
             ids[i, width - len(p) :] = torch.tensor(p)
             attn[i, width - len(p) :] = 1
-        was_training = self.model.training
+        was_training, model_defaults = self.model.training, self.model.generation_config
         self.model.eval()
-        out = self.model.generate(
-            input_ids=ids.to(device),
-            attention_mask=attn.to(device),
-            do_sample=True,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=0,
-            max_new_tokens=self.max_new_tokens,
-            pad_token_id=self.pad_id,
-            eos_token_id=self.eos_id,
-            return_dict_in_generate=True,
-            output_scores=want_logprobs,
-        )
-        self.model.train(was_training)
+        self.model.generation_config = self.generation_config
+        self.generation_config.output_scores = want_logprobs
+        try:
+            out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device))
+        finally:
+            self.model.generation_config = model_defaults
+            self.model.train(was_training)
         new = out.sequences[:, width:].cpu()
         token_lp = None
         if want_logprobs:
@@ -91,7 +107,7 @@ class HFEngine:
             token_lp = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         result = []
         for i, p in enumerate(rows):
-            comp, truncated = trim_completion(new[i].tolist(), self.eos_id)
+            comp, truncated = trim_completion(new[i].tolist(), set(self.eos_ids))
             lp = token_lp[i, : len(comp)].tolist() if token_lp is not None else None
             result.append(Completion(p, comp, truncated, lp))
         return result

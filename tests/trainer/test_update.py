@@ -3,7 +3,7 @@ import torch
 
 from fastrl.losses import LossConfig
 from fastrl.trainer.batching import Sample
-from fastrl.trainer.rollout import HFEngine
+from fastrl.trainer.rollout import HFEngine, trim_completion
 from fastrl.trainer.tiny import CharTokenizer, tiny_model
 from fastrl.trainer.update import sequence_logprobs, train_step
 
@@ -60,6 +60,8 @@ def test_rollout_logprobs_match_the_trainer_recompute():
     """HF generate with left-padded prompts samples from the same distribution the update scores."""
     tok = CharTokenizer()
     model = tiny_model(len(tok), hidden_size=32, num_layers=2, num_heads=4, seed=0)
+    # model defaults that would change the sampling distribution must not leak into rollouts
+    model.generation_config.repetition_penalty, model.generation_config.top_k = 1.5, 3
     torch.manual_seed(0)
     engine = HFEngine(model, tok, max_new_tokens=6, temperature=0.7)
     prompts = [tok.encode("3+4=", add_special_tokens=True), tok.encode("12+345=", add_special_tokens=True)]
@@ -84,3 +86,8 @@ def test_activation_checkpointing_gives_the_same_step():
 
     for a, b in zip(delta(False), delta(True)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_trim_completion_stops_at_any_end_token():
+    assert trim_completion([5, 6, 9, 2, 0, 0], {2, 9}) == ([5, 6, 9], False)
+    assert trim_completion([5, 6, 7], {2}) == ([5, 6, 7], True)
