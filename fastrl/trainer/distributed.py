@@ -26,9 +26,9 @@ def world_size() -> int:
 
 
 def init_from_env(device_type: str) -> bool:
-    """Join the process group torchrun describes in the environment; False when not under torchrun."""
+    """Join the process group torchrun describes in the environment. True if this call created it."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or is_distributed():
-        return is_distributed()
+        return False
     backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -281,7 +281,7 @@ def train(config: TrainConfig) -> dict:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     device = resolve_device(config.device)
-    dist_utils.init_from_env(device.type)
+    own_group = dist_utils.init_from_env(device.type)
     rank, world = dist_utils.rank(), dist_utils.world_size()
     if (config.prompts_per_step // world) % config.minibatches or config.prompts_per_step % world:
         raise ValueError(
@@ -386,5 +386,7 @@ def train(config: TrainConfig) -> dict:
     if bar is not None:
         bar.close()
     logger.close()
+    if own_group:
+        dist_utils.cleanup()
     record["total_wall_s"] = time.time() - t_start
     return record
