@@ -18,7 +18,7 @@ import time
 import torch
 
 from bench import report
-from bench.harness import Result, Settings, ShapeCache, environment, load_average, run_config
+from bench.harness import Result, Settings, ShapeCache, environment, load_average, run_group
 
 OPS = ("token_logprobs", "grpo_loss")
 
@@ -95,20 +95,21 @@ def run(args) -> tuple[dict, list[Result]]:
     for op in ops:
         cache = ShapeCache()
         op_start, op_budget = time.perf_counter(), budget * op.budget_share / shares
-        for shape, dtype, providers, modes in op.plan(device, args.quick, args.acceptance):
-            for name in providers:
-                if wanted and name not in wanted:
-                    continue
-                provider = op.providers[name]
-                for mode in modes:
-                    if time.perf_counter() - op_start > op_budget:
-                        note = f"{op.name}'s share of the run budget ({op_budget:.0f} s) is spent"
-                        r = Result(op.name, name, mode, dict(shape), dtype, "skipped", note)
-                    else:
-                        # in --quick on CPU, memory only where it is cheap: fwd+bwd, no per-child compile
-                        cheap = not (args.quick and device.type == "cpu" and (mode != "fwd+bwd" or provider.compiles))
-                        s = settings if cheap else Settings(settings.warmup, settings.reps, settings.budget_s, False)
-                        r = run_config(op, provider, shape, dtype, mode, device, s, cache)
+        for shape, dtype, names, modes in op.plan(device, args.quick, args.acceptance):
+            providers = [op.providers[n] for n in names if not wanted or n in wanted]
+            for mode in modes:
+                if time.perf_counter() - op_start > op_budget:
+                    note = f"{op.name}'s share of the run budget ({op_budget:.0f} s) is spent"
+                    group = [Result(op.name, p.name, mode, dict(shape), dtype, "skipped", note) for p in providers]
+                else:
+                    # in --quick on CPU, memory only where it is cheap: fwd+bwd, no per-child compile
+                    quick_cpu = args.quick and device.type == "cpu"
+
+                    def memory_for(p, mode=mode, quick_cpu=quick_cpu):
+                        return not (quick_cpu and (mode != "fwd+bwd" or p.compiles))
+
+                    group = run_group(op, providers, shape, dtype, mode, device, settings, cache, memory_for)
+                for r in group:
                     results.append(r)
                     progress(r, time.perf_counter() - start)
     env["wall_s"] = round(time.perf_counter() - start, 1)

@@ -70,33 +70,33 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def time_once(fn, device: torch.device) -> float:
+    """Milliseconds of one call of `fn`; `fn.prepare()`, when `fn` has one, runs untimed first."""
+    prepare = getattr(fn, "prepare", None)
+    if prepare is not None:
+        prepare()
+    synchronize(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def time_closure(fn, device: torch.device, warmup: int, reps: int, budget_s: float) -> list[float]:
-    """Milliseconds per call: `warmup` untimed calls, then up to `reps` timed ones (at least 2, and
-    fewer than `reps` once `budget_s` of timed calls has been spent). `fn.prepare()`, when `fn` has
-    one, runs untimed before each timed call."""
+    """`warmup` untimed calls, then up to `reps` timed ones (at least 2, and fewer than `reps` once
+    `budget_s` of timed calls has been spent)."""
     for _ in range(warmup):
         fn()
     synchronize(device)
     samples: list[float] = []
-    spent = 0.0
-    prepare = getattr(fn, "prepare", None)
-    while len(samples) < reps and (len(samples) < 2 or spent < budget_s):
-        if prepare is not None:
-            prepare()
-            synchronize(device)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            ms = (time.perf_counter() - t0) * 1e3
-        samples.append(ms)
-        spent += ms / 1e3
+    while len(samples) < reps and (len(samples) < 2 or sum(samples) / 1e3 < budget_s):
+        samples.append(time_once(fn, device))
     return samples
 
 
@@ -294,73 +294,124 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, (oom, MemoryError)) or "out of memory" in str(exc).lower()
 
 
-def run_config(
-    op, provider, shape: dict, dtype_name: str, mode: str, device: torch.device, settings: Settings, cache: ShapeCache
-) -> Result:
-    """Check, time and measure one (op, provider, shape, dtype, mode); never raises for a provider's fault."""
+def _failure(res: Result, exc: BaseException, prefix: str = "") -> Result:
+    text = str(exc).strip()
+    res.status = "OOM" if _is_oom(exc) else "error"
+    res.note = f"{prefix}{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+    res.median_ms = res.p20_ms = res.p80_ms = None
+    res.reps = 0
+    return res
+
+
+def _check(op, provider, shape, dtype_name, mode, device, settings, cache):
+    """The correctness gate: (Result with status and errors, closure to time or None if it must not be)."""
     res = Result(op.name, provider.name, mode, dict(shape), dtype_name, status="ok")
     reason = provider.unavailable(device)
     if reason:
         res.status, res.note = "n/a", reason
-        return res
+        return res, None
     dtype = DTYPES[dtype_name]
     key = (tuple(sorted(shape.items())), dtype_name)
     try:
         inputs = cache.get(key, "inputs", lambda: op.make_inputs(shape, dtype, device, settings.seed))
         reference = cache.get(key, "reference", lambda: op.reference(inputs))
     except Exception as exc:  # the eager reference itself did not fit: nothing can be checked at this shape
-        res.status = "OOM" if _is_oom(exc) else "error"
-        res.note = f"eager reference failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-        return res
+        return _failure(res, exc, "eager reference failed: "), None
     try:
         outputs = op.closure(provider, inputs, mode, upstream="check")()
         res.errors = {k: relative_error(outputs[k], reference[k]) for k in outputs}
         del outputs
     except Exception as exc:
-        res.status = "OOM" if _is_oom(exc) else "error"
-        res.note = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
-        return res
+        return _failure(res, exc), None
     tol = REL_TOL[dtype]
     bad = {k: e for k, e in res.errors.items() if not e <= tol}
     if bad:
         res.status = "FAIL"
         res.note = "; ".join(f"{k} rel err {e:.2e} > {tol:.0e}" for k, e in bad.items())
-        return res
+        return res, None
     if provider.name == op.baseline:
         res.status = "ref"
-    try:
-        fn = op.closure(provider, inputs, mode, upstream="time")
-        samples = time_closure(fn, device, settings.warmup, settings.reps, settings.budget_s)
-        res.median_ms, res.p20_ms, res.p80_ms = quantiles(samples)
-        res.reps = len(samples)
-        if settings.memory and device.type == "cuda":
-            peak = cuda_peak_bytes(fn, device)
+    return res, op.closure(provider, inputs, mode, upstream="time")
+
+
+def run_group(
+    op,
+    providers,
+    shape: dict,
+    dtype_name: str,
+    mode: str,
+    device: torch.device,
+    settings: Settings,
+    cache: ShapeCache,
+    memory_for=None,
+) -> list[Result]:
+    """Check every provider, then time the ones that passed in interleaved rounds (one call of each per
+    round), so load from other processes falls on all providers alike; then measure memory.
+
+    `memory_for(provider) -> bool` narrows which providers get a memory measurement (default: all when
+    `settings.memory`). Never raises for a provider's fault: failures become FAIL / error / OOM rows.
+    """
+    checked = [(p,) + _check(op, p, shape, dtype_name, mode, device, settings, cache) for p in providers]
+    live = [(p, res, fn) for p, res, fn in checked if fn is not None]
+    samples = {id(res): [] for _, res, _ in live}
+    for p, res, fn in list(live):
+        try:
+            for _ in range(settings.warmup):
+                fn()
+        except Exception as exc:
+            _failure(res, exc)
+            live.remove((p, res, fn))
+    for _ in range(settings.reps):
+        for p, res, fn in list(live):
+            got = samples[id(res)]
+            if len(got) >= 2 and sum(got) / 1e3 > settings.budget_s:
+                continue
+            try:
+                got.append(time_once(fn, device))
+            except Exception as exc:
+                _failure(res, exc)
+                live.remove((p, res, fn))
+    key = (tuple(sorted(shape.items())), dtype_name)
+    for p, res, fn in live:
+        got = samples[id(res)]
+        res.median_ms, res.p20_ms, res.p80_ms = quantiles(got)
+        res.reps = len(got)
+        if device.type == "cuda":
+            n, d, v = op.matmul_dims(shape)
+            ceiling = cache.get(key, "ceiling", lambda: matmul_tflops(n, d, v, device))
+            res.tflops = op.flops(shape, mode) / (res.median_ms / 1e3) / 1e12
+            res.pct_ceiling = 100 * res.tflops / ceiling
+        if not settings.memory or (memory_for is not None and not memory_for(p)):
+            continue
+        if device.type == "cuda":
+            try:
+                peak = cuda_peak_bytes(fn, device)
+            except Exception as exc:
+                res.note = f"memory not measured: {type(exc).__name__}"
+                continue
             res.peak_mib = peak / 2**20
-            res.extra_mib = (peak - op.grad_bytes(inputs, mode)) / 2**20
-        del fn
-    except Exception as exc:
-        res.status = "OOM" if _is_oom(exc) else "error"
-        res.note = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
-        res.median_ms = res.p20_ms = res.p80_ms = None
-        return res
-    if settings.memory and device.type == "cpu":
-        spec = {
-            "op": op.name,
-            "provider": provider.name,
-            "shape": shape,
-            "dtype": dtype_name,
-            "mode": mode,
-            "seed": settings.seed,
-        }
-        child = cpu_peak_in_subprocess(spec)
-        if "error" in child:
-            res.note = child["error"]
+            res.extra_mib = (peak - op.grad_bytes(cache.get(key, "inputs", None), mode)) / 2**20
         else:
-            res.peak_mib = child["peak_bytes"] / 2**20
-            res.extra_mib = (child["peak_bytes"] - child["grad_bytes"]) / 2**20
-    if device.type == "cuda":
-        n, d, v = op.matmul_dims(shape)
-        ceiling = cache.get(key, "ceiling", lambda: matmul_tflops(n, d, v, device))
-        res.tflops = op.flops(shape, mode) / (res.median_ms / 1e3) / 1e12
-        res.pct_ceiling = 100 * res.tflops / ceiling
-    return res
+            spec = {
+                "op": op.name,
+                "provider": p.name,
+                "shape": shape,
+                "dtype": dtype_name,
+                "mode": mode,
+                "seed": settings.seed,
+            }
+            child = cpu_peak_in_subprocess(spec)
+            if "error" in child:
+                res.note = child["error"]
+            else:
+                res.peak_mib = child["peak_bytes"] / 2**20
+                res.extra_mib = (child["peak_bytes"] - child["grad_bytes"]) / 2**20
+    del live
+    return [res for _, res, _ in checked]
+
+
+def run_config(
+    op, provider, shape: dict, dtype_name: str, mode: str, device: torch.device, settings: Settings, cache: ShapeCache
+) -> Result:
+    """One provider alone (see `run_group`)."""
+    return run_group(op, [provider], shape, dtype_name, mode, device, settings, cache)[0]
