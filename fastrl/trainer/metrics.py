@@ -52,18 +52,18 @@ class MetricsLogger:
         self.writer = None
         if not enabled:
             return
-        os.makedirs(output_dir, exist_ok=True)
-        if resume_step is not None:
-            truncate_log(self.path, resume_step)
-        elif os.path.exists(self.path):
-            os.remove(self.path)  # a fresh run starts a fresh log
-        self.file = open(self.path, "a", encoding="utf-8")
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
                 raise ValueError("tensorboard=True needs the tensorboard package: pip install tensorboard") from e
             self.writer = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+        os.makedirs(output_dir, exist_ok=True)
+        if resume_step is not None:
+            truncate_log(self.path, resume_step)
+        elif os.path.exists(self.path):
+            os.remove(self.path)  # a fresh run starts a fresh log
+        self.file = open(self.path, "a", encoding="utf-8")
 
     def log(self, record: dict) -> None:
         if not self.enabled:

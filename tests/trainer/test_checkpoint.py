@@ -90,3 +90,18 @@ def test_sigkill_then_resume_logs_every_step_once(tmp_path):
     steps = [r["step"] for r in read_metrics(str(out))]
     assert steps == list(range(1, 9)), steps
     assert latest_checkpoint(str(out)).endswith("step-00000008")
+
+
+def test_tensorboard_option(tmp_path):
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        import pytest
+
+        with pytest.raises(ValueError, match="pip install tensorboard"):
+            MetricsLogger(str(tmp_path), resume_step=None, tensorboard=True)
+        return
+    log = MetricsLogger(str(tmp_path), resume_step=None, tensorboard=True)
+    log.log({"step": 1, "loss": 0.5})
+    log.close()
+    assert any(n.startswith("events.") for n in os.listdir(tmp_path / "tensorboard"))
