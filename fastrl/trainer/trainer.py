@@ -249,6 +249,7 @@ def step_record(step: int, rollout: dict, update: dict, lr: float, rollout_s: fl
         "ratio_mean": update["ratio_mean"],
         "entropy": update["entropy_mean"],
         "grad_norm": update["grad_norm"],
+        "update_skipped": update["update_skipped"],
         "lr": lr,
         "train_tokens": update["num_tokens"],
         "rollout_s": rollout_s,

@@ -186,10 +186,12 @@ def train_step(
     params = [p for p in model.parameters() if p.requires_grad]
     dist_utils.all_reduce_grads(params)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf))
-    if normalizer > 0 and math.isfinite(grad_norm):
+    # nothing to learn from (every group filtered or masked), or a non-finite gradient: keep the weights
+    skipped = not (normalizer > 0 and math.isfinite(grad_norm))
+    if not skipped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return finalize_metrics(sums, grad_norm)
+    return {**finalize_metrics(sums, grad_norm), "update_skipped": float(skipped)}
 
 
 def finalize_metrics(sums: dict, grad_norm: float) -> dict:

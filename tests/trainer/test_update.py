@@ -39,7 +39,7 @@ def test_microbatching_is_exact_gradient_accumulation(agg, packed):
     for a, b in zip(whole, split):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert abs(m_whole["loss"] - m_split["loss"]) < 1e-5
-    assert m_whole["num_tokens"] == m_split["num_tokens"] > 0
+    assert m_whole["num_tokens"] == m_split["num_tokens"] > 0 and m_whole["update_skipped"] == 0.0
     assert 0 < m_whole["clip_frac_high"] + m_whole["clip_frac_low"] <= 1
 
 
@@ -53,7 +53,7 @@ def test_packed_and_padded_steps_agree():
 def test_all_masked_step_is_a_no_op():
     samples = [Sample([1, 5], [6, 7], 1.0, loss_mask=False)]
     delta, m = step_delta(samples, "token-mean", budget=64, packed=True)
-    assert all(d.abs().max() == 0 for d in delta) and m["loss"] == 0.0
+    assert all(d.abs().max() == 0 for d in delta) and m["loss"] == 0.0 and m["update_skipped"] == 1.0
 
 
 def test_rollout_logprobs_match_the_trainer_recompute():
