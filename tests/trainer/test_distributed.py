@@ -1,6 +1,7 @@
 """Two gloo ranks, each with half of the batch, take the same optimizer step as one process with all of it."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -64,7 +65,10 @@ def test_two_gloo_ranks_take_the_single_process_step(tmp_path):
 def test_torchrun_two_ranks_end_to_end(tmp_path):
     """The real entry point under torchrun: ranks shard prompts, rank 0 logs every step once."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+    with socket.socket() as sock:  # a free port, so parallel sessions do not collide
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
            "-m", "fastrl.trainer", "train", "--preset", "tiny", "--output-dir", str(out), "--max-steps", "2",
            "--warmup-sft-steps", "5", "--prompts-per-step", "4", "--group-size", "4", "--save-steps", "1",
            "--no-progress"]  # fmt: skip
