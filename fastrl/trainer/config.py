@@ -138,9 +138,11 @@ PRESETS = {
         device="cpu",
         output_dir="runs/tiny",
     ),
-    # GPU: a reasoning model on competition math with 32k-token completions and vLLM rollouts.
+    # GPU: a reasoning model on competition math with 32k-token completions and vLLM rollouts
+    # (DeepScaleR's setup). The R1-distilled chat template opens the <think> block in the prompt, so the
+    # completions never contain "<think>" and the format reward would be a constant: accuracy only.
     "math-32k": dict(
-        model="Qwen/Qwen2.5-Math-1.5B",
+        model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
         dataset="agentica-org/DeepScaleR-Preview-Dataset",
         prompt_key="problem",
         answer_key="answer",
@@ -151,7 +153,7 @@ PRESETS = {
         group_size=8,
         max_prompt_length=1024,
         max_completion_length=32768,
-        rewards=("accuracy:1.0", "format:0.1"),
+        rewards=("accuracy:1.0",),
         overlong_buffer=4096,
         loss_agg="token-mean",
         eps_high=0.28,
