@@ -10,6 +10,7 @@ from fastrl.losses import LossConfig
 from fastrl.trainer.batching import Sample
 from fastrl.trainer.config import make_config
 from fastrl.trainer.metrics import read_metrics
+from fastrl.trainer.rollout import build_prompt
 from fastrl.trainer.trainer import train
 from fastrl.trainer.update import train_step
 
@@ -54,3 +55,14 @@ def test_untied_head_and_embedding_both_get_gradients(tmp_path):
     train_step(model, opt, samples, LossConfig(), budget=64, packed=True, pad_id=0, max_grad_norm=0)
     for name in ("lm_head.weight", "model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"):
         assert not torch.equal(dict(model.named_parameters())[name], before[name]), name
+
+
+def test_chat_template_prompt(tmp_path):
+    tok = _local_model(tmp_path / "model")
+    tok.chat_template = (
+        "{% for m in messages %}<{{ m['content'] }}>{% endfor %}{% if add_generation_prompt %}={% endif %}"
+    )
+    ids = build_prompt(tok, "1+2", "{prompt}", chat=True, max_length=64)
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    assert tok.decode(ids) == "<1+2>="
+    assert build_prompt(tok, "1+2", "{prompt}", chat=True, max_length=3) == ids[-3:]  # left-truncated
