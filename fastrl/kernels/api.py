@@ -1,5 +1,6 @@
 """`token_logprobs`: the public entry point, input checks and the choice of implementation."""
 
+import numbers
 import os
 
 import torch
@@ -53,7 +54,10 @@ def check_logprob_inputs(hidden, weight, targets, bias, temperature) -> None:
             f"hidden's last dim must equal weight's D: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}"
         )
     if weight.dtype != hidden.dtype:
-        raise TypeError(f"hidden and weight must share a dtype, got {hidden.dtype} and {weight.dtype}")
+        raise TypeError(
+            f"hidden and weight must share a dtype, got {hidden.dtype} and {weight.dtype} (under torch.autocast "
+            "the LM body returns low-precision hidden states: cast one to the other's dtype first)"
+        )
     if weight.device != hidden.device:
         raise ValueError(f"hidden and weight must be on one device, got {hidden.device} and {weight.device}")
     if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
@@ -74,7 +78,7 @@ def check_logprob_inputs(hidden, weight, targets, bias, temperature) -> None:
                 f"bias must match hidden's dtype and device ({hidden.dtype}, {hidden.device}), "
                 f"got ({bias.dtype}, {bias.device})"
             )
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
     if not temperature > 0 or temperature == float("inf"):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
@@ -117,10 +121,13 @@ def token_logprobs(
     """
     check_logprob_inputs(hidden, weight, targets, bias, temperature)
     impl = resolve_impl(impl, hidden.device)
+    if targets.dtype != torch.int64 and not (targets.dtype == torch.int32 and -(2**31) <= ignore_index < 2**31):
+        # A narrow dtype wraps ignore_index in comparisons (uint8 156 == -100): compare in int64.
+        targets = targets.long()
     check_targets_range(targets, weight.shape[0], ignore_index)
     params = LogprobParams(float(temperature), int(ignore_index), bool(return_entropy))
     lead = targets.shape
-    h2 = hidden.reshape(-1, hidden.shape[-1])
+    h2 = hidden.reshape(targets.numel(), hidden.shape[-1])  # not -1: D = 0 or N = 0 leave -1 ambiguous
     t1 = targets.reshape(-1)
     if impl == "triton":
         from .triton_function import token_logprobs_triton

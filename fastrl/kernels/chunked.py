@@ -21,6 +21,13 @@ def chunk_rows(vocab: int) -> int:
     return max(16, budget // (4 * vocab))
 
 
+def _no_autocast(hidden):
+    # The tiles run in the inputs' dtype, as the Triton kernels do. Under autocast the forward would
+    # use bf16 logits and the backward (usually outside the context) fp32 ones: p = exp(z − lse)
+    # would then not sum to 1 and the gradient would be wrong.
+    return torch.autocast(hidden.device.type, enabled=False)
+
+
 def _tile(hidden, weight, bias, temperature):
     # [C, V] float32 logits / temperature; the matmul runs in the input dtype, as eager does
     z = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
@@ -91,7 +98,8 @@ def _backward(hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entro
 class ChunkedLogprobFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, bias, params: LogprobParams):
-        logp, entropy, lse = _forward(hidden, weight, targets, bias, params)
+        with _no_autocast(hidden):
+            logp, entropy, lse = _forward(hidden, weight, targets, bias, params)
         ctx.params = params
         ctx.save_for_backward(hidden, weight, targets, bias, lse, entropy)
         return logp if entropy is None else (logp, entropy)
@@ -101,16 +109,18 @@ class ChunkedLogprobFunction(torch.autograd.Function):
         hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
         grad_entropy = grad_rest[0] if grad_rest else None
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False, ctx.needs_input_grad[3])
-        d_hidden, d_weight, d_bias = _backward(
-            hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, ctx.params, needs
-        )
+        with _no_autocast(hidden):
+            d_hidden, d_weight, d_bias = _backward(
+                hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, ctx.params, needs
+            )
         return d_hidden, d_weight, None, d_bias, None
 
 
 def token_logprobs_chunked(hidden, weight, targets, bias, params: LogprobParams):
     """`[N, D]`, `[V, D]`, `[N]` → logp `[N]` (and entropy `[N]`), float32, memory O(N + chunk·V)."""
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
-        logp, entropy, _ = _forward(hidden, weight, targets, bias, params)
+        with _no_autocast(hidden):
+            logp, entropy, _ = _forward(hidden, weight, targets, bias, params)
         return logp, entropy
     out = ChunkedLogprobFunction.apply(hidden, weight, targets, bias, params)
     return (out, None) if isinstance(out, torch.Tensor) else out

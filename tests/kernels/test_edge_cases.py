@@ -1,0 +1,169 @@
+"""Review regressions for `token_logprobs`: inputs a real caller passes that once gave wrong answers or crashed.
+
+Each test names the bug it pins. Both implementations run (Triton under the interpreter) against a
+float64 full-logits ground truth.
+"""
+
+import pytest
+import torch
+
+import fastrl
+from fastrl.kernels.params import LogprobParams
+from fastrl.kernels.reference import token_logprobs_reference
+
+IMPLS = ["torch", "triton"]
+
+
+def _truth(hidden, weight, targets, bias=None, temperature=1.0, ignore_index=-100):
+    """float64 (logp, entropy) and, when the inputs require grad, their float64 copies for gradients."""
+    lead = targets.shape
+    params = LogprobParams(temperature, ignore_index, True)
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    b = None if bias is None else bias.double()
+    logp, ent = token_logprobs_reference(h2.double(), weight.double(), targets.reshape(-1).long(), b, params)
+    return logp.reshape(lead), ent.reshape(lead)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16], ids=["uint8", "int8", "int16"])
+def test_narrow_integer_targets(impl, dtype):
+    # Bug: the torch path crashed in gather() on int8/int16/uint8 targets, and a uint8 target 156 equals
+    # ignore_index -100 after wrap-around, so it was silently dropped (logp 0) on both paths.
+    vocab = 200 if dtype == torch.uint8 else 100
+    hidden, weight = torch.randn(40, 16), torch.randn(vocab, 16)
+    targets = torch.randint(0, min(vocab, torch.iinfo(dtype).max), (40,))
+    if dtype == torch.uint8:
+        targets[:5] = 156
+    else:
+        targets[:5] = -100
+    logp = fastrl.token_logprobs(hidden, weight, targets.to(dtype), impl=impl)
+    want, _ = _truth(hidden, weight, targets)
+    torch.testing.assert_close(logp.double(), want, rtol=1e-5, atol=1e-5)
+    if dtype == torch.uint8:
+        assert bool((logp[:5] != 0).all())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_autocast_region_gives_fp32_math_and_consistent_gradients(impl):
+    # Bug: under torch.autocast the torch path's forward built bf16 logits while the backward (run
+    # after the region) recomputed fp32 ones, so p = exp(z − lse) did not sum to 1: d_hidden was off by
+    # ~0.1 absolute. Both paths now compute in the inputs' dtype, autocast or not.
+    hidden = torch.randn(33, 24, requires_grad=True)
+    weight = torch.randn(53, 24, requires_grad=True)
+    targets = torch.randint(0, 53, (33,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, ent = fastrl.token_logprobs(hidden, weight, targets, return_entropy=True, impl=impl)
+    (logp.sum() + 0.5 * ent.sum()).backward()
+    h64, w64 = hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    want_lp, want_ent = _truth(h64, w64, targets)
+    (want_lp.sum() + 0.5 * want_ent.sum()).backward()
+    torch.testing.assert_close(logp.double(), want_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden.grad.double(), h64.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weight.grad.double(), w64.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_mixed_dtypes_from_autocast_get_a_clear_error():
+    hidden, weight = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(11, 8)
+    with pytest.raises(TypeError, match="autocast"):
+        fastrl.token_logprobs(hidden, weight, torch.zeros(4, dtype=torch.long), impl="torch")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_zero_width_hidden(impl):
+    # Bug: reshape(-1, 0) raised "cannot reshape tensor of 0 elements"; with D = 0 every logit is the
+    # bias, which is a valid (if odd) input.
+    bias = torch.randn(7, requires_grad=True)
+    hidden = torch.randn(2, 3, 0, requires_grad=True)
+    targets = torch.randint(0, 7, (2, 3))
+    logp = fastrl.token_logprobs(hidden, torch.randn(7, 0), targets, bias=bias, impl=impl)
+    torch.testing.assert_close(logp, torch.log_softmax(bias.detach(), -1)[targets])
+    logp.sum().backward()
+    assert hidden.grad.shape == hidden.shape and torch.isfinite(bias.grad).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_numpy_scalar_temperature(impl):
+    np = pytest.importorskip("numpy")
+    hidden, weight, targets = torch.randn(5, 8), torch.randn(11, 8), torch.randint(0, 11, (5,))
+    got = fastrl.token_logprobs(hidden, weight, targets, temperature=np.float32(0.5), impl=impl)
+    torch.testing.assert_close(got, fastrl.token_logprobs(hidden, weight, targets, temperature=0.5, impl=impl))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_shifted_slice_and_transposed_weight(impl):
+    # The common call: hidden[:, :-1] of a [B, T+1, D] output and a weight stored as [D, V] (.t()).
+    full = torch.randn(2, 12, 24, requires_grad=True)
+    w_dv = torch.randn(24, 41, requires_grad=True)
+    bias = torch.randn(41, requires_grad=True)
+    targets = torch.randint(0, 41, (2, 11))
+    targets[0, :3] = -100
+    logp, ent = fastrl.token_logprobs(
+        full[:, :-1], w_dv.t(), targets, bias=bias, temperature=0.7, return_entropy=True, impl=impl
+    )
+    (logp.sum() + ent.sum()).backward()
+    f64, w64, b64 = (t.detach().double().requires_grad_() for t in (full, w_dv, bias))
+    want_lp, want_ent = _truth(f64[:, :-1], w64.t(), targets, b64, temperature=0.7)
+    (want_lp.sum() + want_ent.sum()).backward()
+    torch.testing.assert_close(logp.double(), want_lp, rtol=1e-5, atol=1e-5)
+    for got, want in ((full.grad, f64.grad), (w_dv.grad, w64.grad), (bias.grad, b64.grad)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert full.grad[:, -1].abs().max() == 0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("grads", ["hidden", "weight", "bias", "weight+bias"])
+def test_gradient_on_a_subset_of_inputs(impl, grads):
+    hidden, weight, bias = torch.randn(19, 16), torch.randn(37, 16), torch.randn(37)
+    leaves = {"hidden": hidden, "weight": weight, "bias": bias}
+    for name in grads.split("+"):
+        leaves[name].requires_grad_()
+    targets = torch.randint(0, 37, (19,))
+    targets[4] = -100
+    logp = fastrl.token_logprobs(hidden, weight, targets, bias=bias, impl=impl)
+    logp.sum().backward()
+    ref = {k: v.detach().double().requires_grad_(v.requires_grad) for k, v in leaves.items()}
+    want, _ = _truth(ref["hidden"], ref["weight"], targets, ref["bias"])
+    want.sum().backward()
+    for name, leaf in leaves.items():
+        if leaf.requires_grad:
+            torch.testing.assert_close(leaf.grad.double(), ref[name].grad, rtol=1e-5, atol=1e-5)
+        else:
+            assert leaf.grad is None
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    "dtype,scale,temperature",
+    [
+        (torch.float32, 1e4, 1e-3),
+        (torch.float32, 1e4, 100.0),
+        (torch.float16, 300.0, 1e-3),
+        (torch.float16, 300.0, 1.0),
+    ],
+    ids=["fp32-1e4-t1e-3", "fp32-1e4-t100", "fp16-300-t1e-3", "fp16-300-t1"],
+)
+def test_large_logits_stay_finite(impl, dtype, scale, temperature):
+    hidden = torch.nn.functional.normalize(torch.randn(21, 32), dim=-1) * scale**0.5
+    weight = torch.nn.functional.normalize(torch.randn(45, 32), dim=-1) * scale**0.5
+    hidden, weight = hidden.to(dtype).requires_grad_(), weight.to(dtype).requires_grad_()
+    targets = torch.randint(0, 45, (21,))
+    logp, ent = fastrl.token_logprobs(hidden, weight, targets, temperature=temperature, return_entropy=True, impl=impl)
+    (logp.sum() + ent.sum()).backward()
+    for t in (logp, ent, hidden.grad, weight.grad):
+        assert torch.isfinite(t).all()
+    assert bool((logp <= 0).all()) and bool((ent >= -1e-4).all())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_backward_twice_and_nan_upstream_on_ignored_rows(impl):
+    hidden, weight = torch.randn(17, 8, requires_grad=True), torch.randn(23, 8, requires_grad=True)
+    targets = torch.randint(0, 23, (17,))
+    targets[:4] = -100
+    logp = fastrl.token_logprobs(hidden, weight, targets, impl=impl)
+    upstream = torch.ones(17)
+    upstream[:4] = float("nan")  # ignored rows must not read their upstream gradient
+    logp.backward(upstream, retain_graph=True)
+    first = hidden.grad.clone()
+    logp.backward(upstream)
+    assert torch.isfinite(first).all() and torch.isfinite(weight.grad).all()
+    torch.testing.assert_close(hidden.grad, 2 * first)
