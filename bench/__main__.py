@@ -12,6 +12,7 @@ as FAIL with no figures. Output: the tables on stdout and, in --out, results.jso
 import argparse
 import importlib
 import os
+import subprocess
 import sys
 import time
 
@@ -36,6 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--budget-s", type=float, default=None, help="stop starting configurations after this long (split over ops)"
     )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--rewards", action="store_true", help="also run bench/bench_rewards.py (verifier throughput)")
     return p.parse_args(argv)
 
 
@@ -142,11 +144,26 @@ def render(env: dict, results: list[Result], args) -> str:
     return "\n".join(lines) + "\n" + "\n".join(body) + "\n"
 
 
+def run_rewards(out_dir: str) -> str:
+    """The rewards helper's own benchmark, in its own process; its printed summary, as markdown."""
+    cmd = [sys.executable, "-m", "bench.bench_rewards", "--out", os.path.join(out_dir, "rewards.json")]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return "\n**rewards**: bench_rewards did not finish in 600 s\n"
+    if proc.returncode != 0:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        return f"\n**rewards**: bench_rewards exited {proc.returncode}: {tail}\n"
+    return "\n**rewards — math verifier (`python -m bench.bench_rewards`)**\n\n```\n" + proc.stdout.strip() + "\n```\n"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     env, results = run(args)
     os.makedirs(args.out, exist_ok=True)
     text = render(env, results, args)
+    if args.rewards:
+        text += run_rewards(args.out)
     print("\n" + text)
     stem = "acceptance" if args.acceptance else ("quick" if args.quick else "full")
     base = os.path.join(args.out, f"{env['device_type']}_{stem}")
