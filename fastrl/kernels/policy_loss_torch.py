@@ -36,7 +36,13 @@ def kl_term(rho: torch.Tensor, kind: str) -> torch.Tensor:
         return -rho
     if kind == "k2":
         return 0.5 * rho * rho
-    return torch.expm1(rho) - rho
+    if rho.dtype == torch.float64:
+        return torch.expm1(rho) - rho
+    # In fp32 autograd's exp(ρ)·g − g cancels for small ρ (1% off at |ρ| ~ 1e-4): the kernel's Taylor
+    # series there (truncation < 1e-6 relative), value and gradient alike
+    q = 1.0 / 24 + rho * (1.0 / 120 + rho * (1.0 / 720 + rho / 5040))
+    q = 0.5 + rho * (1.0 / 6 + rho * q)
+    return torch.where(rho.abs() < 0.5, rho * rho * q, torch.expm1(rho) - rho)
 
 
 def policy_rows_torch(logp, advantages, mask, old, ref, rollout, entropy, params: PolicyLossParams):
@@ -56,16 +62,24 @@ def policy_rows_torch(logp, advantages, mask, old, ref, rollout, entropy, params
         log_r = (delta.sum(-1, keepdim=True) / mf.sum(-1, keepdim=True).clamp(min=1)).expand_as(delta)
     else:
         log_r = delta
-    r = torch.exp(log_r)
+    r = torch.exp(log_r.detach())
     lo, hi = 1.0 - params.eps_low, 1.0 + params.eps_high
-    pg = torch.maximum(-r * adv, -r.clamp(lo, hi) * adv)
+    # pg = −min(r·A, clip(r)·A) = −clip(r)·A (a constant) where a clip binds, −r·A elsewhere. Only the
+    # live tokens' ratio goes through exp with a gradient: a bound token whose r overflowed to inf
+    # gets exactly 0, not 0·inf = NaN, as in the kernel.
+    binds = ((r < lo) & (adv < 0)) | ((r > hi) & (adv > 0))
+    pg_bound = -r.clamp(lo, hi) * adv
     zero = torch.zeros_like(mf)
-    clip_dual = zero
+    # masked positions (A = 0 there) are frozen too: GSPO gives them the row's r, which may be inf
+    frozen, clip_dual = binds | ~m, zero
     if params.dual_clip is not None:
         cap = -params.dual_clip * adv
-        dual = (adv < 0) & (pg > cap)
+        dual = (adv < 0) & (torch.where(binds, pg_bound, -r * adv) > cap)
         clip_dual = (dual & m).to(dt)
-        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
+        pg_bound = torch.where(dual, cap, pg_bound)
+        frozen = frozen | dual
+    r_live = torch.exp(torch.where(frozen, 0.0, log_r))
+    pg = torch.where(frozen, pg_bound, -r_live * adv)
     w = torch.ones_like(mf)
     if rollout is not None:
         log_w = torch.where(m, old_c.detach() - rollout.detach().to(dt), 0.0)

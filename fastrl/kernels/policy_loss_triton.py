@@ -81,9 +81,13 @@ def _token_terms(b_r, b_adv, b_lp, b_ref, b_log_w, b_h, eps_low, eps_high, dual_
             b_kl = 0.5 * b_rho * b_rho
             b_d_kl = -b_rho
         else:
-            b_e = tl.exp(b_rho)
-            b_kl = b_e - 1.0 - b_rho
-            b_d_kl = 1.0 - b_e
+            # exp(ρ) − 1 − ρ cancels catastrophically in fp32 for small ρ (3.5× too large at |ρ| ~ 1e-4,
+            # the KL right after init): Taylor series there (truncation < 1e-6 relative at |ρ| = 0.5)
+            b_q = 1.0 / 24 + b_rho * (1.0 / 120 + b_rho * (1.0 / 720 + b_rho / 5040))
+            b_q = 0.5 + b_rho * (1.0 / 6 + b_rho * b_q)  # (exp(ρ) − 1 − ρ) / ρ², to ρ⁵
+            b_kl = tl.where(tl.abs(b_rho) < 0.5, b_rho * b_rho * b_q, tl.exp(b_rho) - 1.0 - b_rho)
+            b_em1 = b_kl + b_rho  # exp(ρ) − 1
+            b_d_kl = -b_em1
         # A ref given only for the metric must not leak an overflowed kl into the loss through 0·inf.
         b_loss += tl.where(beta != 0.0, beta * b_kl, 0.0)
         b_d_kl = tl.where(beta != 0.0, beta * b_d_kl, 0.0)
@@ -225,7 +229,9 @@ def policy_bwd_kernel(logp, old, ref, rollout, entropy, adv, mask, seq_log_ratio
             )  # fmt: skip
             b_acc += tl.where(b_m, b_d_pg, 0.0)
             b_cnt += b_m.to(tl.float32)
-        b_seq_coef = tl.sum(b_acc, axis=0) * b_seq_r / tl.maximum(tl.sum(b_cnt, axis=0), 1.0)
+        # a row whose tokens are all clipped has Σ = 0: its gradient is 0 even when r_seq overflowed
+        b_sum = tl.sum(b_acc, axis=0)
+        b_seq_coef = tl.where(b_sum == 0.0, 0.0, b_sum * b_seq_r / tl.maximum(tl.sum(b_cnt, axis=0), 1.0))
     for start in range(0, T, BLOCK_T):
         o_t = start + tl.arange(0, BLOCK_T)
         m_t = o_t < T
@@ -245,7 +251,8 @@ def policy_bwd_kernel(logp, old, ref, rollout, entropy, adv, mask, seq_log_ratio
         if SEQ_RATIO:
             b_d = b_seq_coef + b_d_kl
         else:
-            b_d = b_d_pg * b_r + b_d_kl
+            # a clipped token (d_pg = 0) stays at 0 when r overflowed: no 0·inf
+            b_d = tl.where(b_d_pg == 0.0, 0.0, b_d_pg * b_r) + b_d_kl
         b_d = tl.where(b_m, b_g * b_d, 0.0)
         tl.store(d_logp + row + o_t, b_d.to(d_logp.dtype.element_ty), mask=m_t)
         if HAS_ENTROPY:

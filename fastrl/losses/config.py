@@ -1,5 +1,6 @@
 """`LossConfig`: every knob of the PPO/GRPO policy loss (SPEC §2–3), validated once on construction."""
 
+import numbers
 from dataclasses import dataclass
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -18,7 +19,7 @@ RATIO_LEVELS = ("token", "sequence")
 def _number(name: str, value, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         kind = "a float or None" if allow_none else "a float"
         raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
     if value != value or value in (float("inf"), float("-inf")):
@@ -75,7 +76,9 @@ class LossConfig:
         if self.ratio_level not in RATIO_LEVELS:
             raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}")
         length = self.max_completion_length
-        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length <= 0):
+        if length is not None and (isinstance(length, bool) or not isinstance(length, numbers.Integral) or length <= 0):
             raise ValueError(f"max_completion_length must be None or a positive int, got {length!r}")
+        if length is not None:
+            object.__setattr__(self, "max_completion_length", int(length))
         if agg == "seq-mean-token-sum-norm" and length is None:
             raise ValueError(f"loss_agg={given!r} divides by the max completion length: set max_completion_length")

@@ -1,5 +1,6 @@
 """`policy_loss`: the PPO/GRPO policy loss from per-token log-probs (SPEC §2–3)."""
 
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -74,14 +75,19 @@ def _normalizer(normalizer, default: torch.Tensor) -> torch.Tensor:
                 f"normalizer tensor must be one real number, got shape {tuple(normalizer.shape)} {normalizer.dtype}"
             )
         norm = normalizer.detach().reshape(()).to(device=default.device, dtype=torch.float32)
+        if normalizer.device.type == "cpu" and not 0 <= float(norm) < float("inf"):
+            raise ValueError(f"normalizer must be a finite count >= 0, got {float(norm)}")
+        # On an accelerator a check would sync with the host: a negative or NaN count gives a NaN loss
+        # instead (below), never a silently rescaled one.
+        norm = torch.where(norm >= 0, norm, torch.full_like(norm, float("nan")))
     else:
-        if isinstance(normalizer, bool) or not isinstance(normalizer, (int, float)):
+        if isinstance(normalizer, bool) or not isinstance(normalizer, numbers.Real):
             raise TypeError(f"normalizer must be a number, a 1-element tensor or None, got {type(normalizer).__name__}")
         if not 0 <= normalizer < float("inf"):
             raise ValueError(f"normalizer must be a finite count >= 0, got {normalizer}")
         norm = torch.full((), float(normalizer), dtype=torch.float32, device=default.device)
     # An empty step (count 0) has a zero numerator: divide by 1 to return 0, not 0/0.
-    return torch.where(norm > 0, norm, torch.ones_like(norm))
+    return torch.where(norm == 0, torch.ones_like(norm), norm)
 
 
 def aggregate(row_loss: torch.Tensor, tokens: torch.Tensor, config: LossConfig, normalizer) -> torch.Tensor:
