@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from fastrl.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
@@ -87,17 +88,23 @@ def test_sigkill_then_resume_logs_every_step_once(tmp_path):
     assert max(r["step"] for r in read_metrics(str(out))) > killed_at
     resumed = subprocess.run(_cmd(out, "--resume"), env=env, capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    steps = [r["step"] for r in read_metrics(str(out))]
-    assert steps == list(range(1, 9)), steps
+    rows = read_metrics(str(out))
+    assert [r["step"] for r in rows] == list(range(1, 9)), [r["step"] for r in rows]
     assert latest_checkpoint(str(out)).endswith("step-00000008")
+    # weights, optimizer, RNG and data position all came back: the resumed steps are the very steps an
+    # uninterrupted run takes
+    ref = tmp_path / "ref"
+    done = subprocess.run(_cmd(ref), env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for got, want in zip(rows, read_metrics(str(ref))):
+        for key in ("entropy", "response_length_mean", "reward_mean", "loss"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (got["step"], key)
 
 
 def test_tensorboard_option(tmp_path):
     try:
         import tensorboard  # noqa: F401
     except ImportError:
-        import pytest
-
         with pytest.raises(ValueError, match="pip install tensorboard"):
             MetricsLogger(str(tmp_path), resume_step=None, tensorboard=True)
         return
