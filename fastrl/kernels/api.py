@@ -120,11 +120,20 @@ def token_logprobs(
         logp `[...]` float32, or `(logp, entropy)` with return_entropy=True.
     """
     check_logprob_inputs(hidden, weight, targets, bias, temperature)
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
+    ignore_index = int(ignore_index)
     impl = resolve_impl(impl, hidden.device)
-    if targets.dtype != torch.int64 and not (targets.dtype == torch.int32 and -(2**31) <= ignore_index < 2**31):
-        # A narrow dtype wraps ignore_index in comparisons (uint8 156 == -100): compare in int64.
+    wide_ignore = not -(2**31) <= ignore_index < 2**31
+    if targets.dtype != torch.int64 and (wide_ignore or targets.dtype != torch.int32):
+        # A narrower dtype wraps ignore_index in comparisons (uint8 156 == -100, int32 0 == 2**40).
         targets = targets.long()
     check_targets_range(targets, weight.shape[0], ignore_index)
+    if wide_ignore:
+        # The kernels compare targets in int32: move an ignore_index beyond that range to -1, which the
+        # range check above guarantees is not a real target.
+        targets = torch.where(targets == ignore_index, -1, targets)
+        ignore_index = -1
     params = LogprobParams(float(temperature), int(ignore_index), bool(return_entropy))
     lead = targets.shape
     h2 = hidden.reshape(targets.numel(), hidden.shape[-1])  # not -1: D = 0 or N = 0 leave -1 ambiguous

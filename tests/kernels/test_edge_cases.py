@@ -167,3 +167,33 @@ def test_backward_twice_and_nan_upstream_on_ignored_rows(impl):
     logp.backward(upstream)
     assert torch.isfinite(first).all() and torch.isfinite(weight.grad).all()
     torch.testing.assert_close(hidden.grad, 2 * first)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("ignore_index", [2**40, -(2**31) - 1], ids=["2^40", "-2^31-1"])
+@pytest.mark.parametrize("tdtype", [torch.int64, torch.int32], ids=["int64", "int32"])
+def test_ignore_index_beyond_int32(impl, ignore_index, tdtype):
+    # Bug: the Triton backward compares targets in int32, so an ignore_index outside that range wrapped and
+    # the ignored rows got gradient; with int32 targets, 0 == 2**40 after wrap-around dropped real tokens.
+    hidden, weight = torch.randn(12, 8, requires_grad=True), torch.randn(19, 8, requires_grad=True)
+    targets = torch.randint(0, 19, (12,))
+    targets[4:] = torch.arange(8) % 2  # real ids 0 and 1 among the kept rows
+    keep = torch.ones(12, dtype=torch.bool)
+    keep[:4] = False
+    if tdtype == torch.int64:
+        targets[:4] = ignore_index
+    else:
+        keep[:] = True  # int32 cannot hold the ignore_index: nothing is ignored
+    logp = fastrl.token_logprobs(hidden, weight, targets.to(tdtype), ignore_index=ignore_index, impl=impl)
+    logp.sum().backward()
+    h64, w64 = hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    want, _ = _truth(h64[keep], w64, targets[keep])
+    want.sum().backward()
+    torch.testing.assert_close(logp[keep].double(), want, rtol=1e-5, atol=1e-5)
+    assert bool((logp[~keep] == 0).all()) and bool((hidden.grad[~keep] == 0).all())
+    torch.testing.assert_close(weight.grad.double(), w64.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_ignore_index_must_be_an_int():
+    with pytest.raises(TypeError, match="ignore_index"):
+        fastrl.token_logprobs(torch.randn(2, 4), torch.randn(5, 4), torch.zeros(2, dtype=torch.long), ignore_index="x")
