@@ -3,7 +3,8 @@
     fastrl train --preset tiny --output-dir runs/tiny
     fastrl train --preset tiny --output-dir runs/tiny --max-steps 40 --save-steps 10 --resume
     fastrl train --config my_run.yaml --lr 2e-6          # file values, then flags on top
-    torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k --model Qwen/Qwen2.5-Math-7B
+    torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k \
+        --model deepseek-ai/DeepSeek-R1-Distill-Qwen-7B
 
 Every field of `TrainConfig` is a flag (`--field-name value`; booleans also as `--flag` / `--no-flag`;
 tuples comma-separated). Precedence: defaults < --preset < --config file < flags.
