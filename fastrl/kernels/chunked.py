@@ -9,6 +9,7 @@ near `FASTRL_CHUNK_BYTES` (default 32 MiB), whatever N is.
 import os
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .params import LogprobParams
 
@@ -105,6 +106,7 @@ class ChunkedLogprobFunction(torch.autograd.Function):
         return logp if entropy is None else (logp, entropy)
 
     @staticmethod
+    @once_differentiable  # the backward is hand-written: a second derivative must raise, not be wrong
     def backward(ctx, grad_logp, *grad_rest):
         hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
         grad_entropy = grad_rest[0] if grad_rest else None

@@ -13,6 +13,7 @@ Optional inputs are constexpr flags (None pointers); eps, beta, c, α and C are 
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from .policy_loss_torch import KL_CODES, STATS, PolicyLossParams
 
@@ -325,6 +326,7 @@ class PolicyRowsFunction(torch.autograd.Function):
         return row_loss, stats
 
     @staticmethod
+    @once_differentiable  # the backward is hand-written: a second derivative must raise, not be wrong
     def backward(ctx, grad_row, _grad_stats):
         logp, entropy, advantages, mask, old, ref, rollout, seq_log_ratio = ctx.saved_tensors
         d_logp, d_entropy = policy_bwd(

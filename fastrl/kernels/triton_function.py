@@ -1,6 +1,7 @@
 """Autograd wrapper around the Triton forward and backward; the `impl="triton"` entry point."""
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .chunked import token_logprobs_chunked
 from .logprob_bwd import logprob_backward
@@ -18,6 +19,7 @@ class TritonLogprobFunction(torch.autograd.Function):
         return logp if entropy is None else (logp, entropy)
 
     @staticmethod
+    @once_differentiable  # the backward is hand-written: a second derivative must raise, not be wrong
     def backward(ctx, grad_logp, *grad_rest):
         hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
         grad_entropy = grad_rest[0] if grad_rest else None

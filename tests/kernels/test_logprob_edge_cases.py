@@ -197,3 +197,17 @@ def test_ignore_index_beyond_int32(impl, ignore_index, tdtype):
 def test_ignore_index_must_be_an_int():
     with pytest.raises(TypeError, match="ignore_index"):
         fastrl.token_logprobs(torch.randn(2, 4), torch.randn(5, 4), torch.zeros(2, dtype=torch.long), ignore_index="x")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_second_derivative_raises_instead_of_being_wrong(impl):
+    # Bug: with create_graph=True the torch path's hand-written backward was itself differentiated by
+    # autograd and gave a silently wrong Hessian-vector product (off by ~7x); the Triton path crashed
+    # inside its backward with an unrelated mm(out=) error. Both backwards are once-differentiable now.
+    hidden = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(7, 4, dtype=torch.float64)
+    logp = fastrl.token_logprobs(hidden, weight, torch.randint(0, 7, (6,)), impl=impl)
+    (grad,) = torch.autograd.grad(logp.sum(), hidden, create_graph=True)
+    assert torch.isfinite(grad).all()
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad((grad**2).sum(), hidden)
