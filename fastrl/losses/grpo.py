@@ -60,6 +60,8 @@ def grpo_loss(
         and tuple(targets.shape) == tuple(mask.shape)
         and mask.device == targets.device
     ):
+        if targets.dtype in (torch.uint8, torch.int8, torch.int16):
+            targets = targets.long()  # -100 wraps in a narrow dtype (uint8: 156 == -100)
         live = mask if mask.dtype == torch.bool else mask != 0
         if targets.numel() and bool((live & (targets == IGNORE_INDEX)).any()):
             raise ValueError(f"targets hold ignore_index={IGNORE_INDEX} at a position where mask is 1")

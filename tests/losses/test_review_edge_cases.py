@@ -167,3 +167,21 @@ def test_rows_longer_than_one_kernel_block(level):
     torch.testing.assert_close(ea, eb)
     for name in a.metrics:
         torch.testing.assert_close(a.metrics[name], b.metrics[name], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_grpo_loss_uint8_targets(impl):
+    # Bug: in uint8, token 156 == -100 after wrap-around: grpo_loss raised "targets hold ignore_index"
+    # for a real token, and its masking wrote 156 (a real id) where it meant -100.
+    hidden, weight = torch.randn(2, 4, 8), torch.randn(200, 8)
+    targets = torch.randint(0, 200, (2, 4))
+    targets[0, 0] = 156
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    targets[1, 3] = 156  # under the mask
+    grads = []
+    for t in (targets.to(torch.uint8), targets):
+        h = _leaf(hidden)
+        grpo_loss(h, weight, t, mask, torch.ones(2), impl=impl).loss.backward()
+        grads.append(h.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+    assert bool((grads[0][mask == 0] == 0).all())
