@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from fastrl.kernels import token_logprobs
+from fastrl.kernels.api import IMPLS
 
 from .config import LossConfig
 from .policy import LossOutput, policy_loss
@@ -105,6 +106,8 @@ class GRPOLoss(nn.Module):
         unknown = sorted(set(fields) - known)
         if unknown:
             raise TypeError(f"unknown LossConfig field(s) {unknown}; known: {sorted(known)}")
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
         self.config = config if config is not None else LossConfig(**fields)
         self.impl = impl
 

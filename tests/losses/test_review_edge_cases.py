@@ -6,7 +6,7 @@ Both implementations run (Triton under the interpreter); the ground truth is flo
 import pytest
 import torch
 
-from fastrl import LossConfig, grpo_loss, policy_loss
+from fastrl import GRPOLoss, LossConfig, grpo_loss, policy_loss
 
 IMPLS = ["torch", "triton"]
 
@@ -185,3 +185,8 @@ def test_grpo_loss_uint8_targets(impl):
         grads.append(h.grad)
     torch.testing.assert_close(grads[0], grads[1])
     assert bool((grads[0][mask == 0] == 0).all())
+
+
+def test_grpo_module_rejects_unknown_impl_at_construction():
+    with pytest.raises(ValueError, match="'cuda'"):
+        GRPOLoss(loss_agg="grpo", impl="cuda")
