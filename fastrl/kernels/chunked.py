@@ -29,6 +29,12 @@ def _no_autocast(hidden):
     return torch.autocast(hidden.device.type, enabled=False)
 
 
+def _live_rows(hidden, valid, sl):
+    # Ignored rows are often padding whose hidden state may be inf/NaN: zero them (a [C, D] copy, small
+    # next to the [C, V] tile) so no 0·NaN reaches the gradients, d_weight included.
+    return torch.where(valid[sl].unsqueeze(-1), hidden[sl], 0.0)
+
+
 def _tile(hidden, weight, bias, temperature):
     # [C, V] float32 logits / temperature; the matmul runs in the input dtype, as eager does
     z = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
@@ -45,7 +51,7 @@ def _forward(hidden, weight, targets, bias, params: LogprobParams):
     rows = chunk_rows(weight.shape[0])
     for start in range(0, n, rows):
         sl = slice(start, min(n, start + rows))
-        z = _tile(hidden[sl], weight, bias, params.temperature)
+        z = _tile(_live_rows(hidden, valid, sl), weight, bias, params.temperature)
         c_lse = torch.logsumexp(z, dim=-1)
         lse[sl] = c_lse
         logp[sl] = z.gather(-1, safe[sl].unsqueeze(-1)).squeeze(-1) - c_lse
@@ -71,7 +77,8 @@ def _backward(hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entro
     rows = chunk_rows(weight.shape[0])
     for start in range(0, n, rows):
         sl = slice(start, min(n, start + rows))
-        z = _tile(hidden[sl], weight, bias, tau).sub_(lse[sl].unsqueeze(-1))  # log p
+        h = _live_rows(hidden, valid, sl)
+        z = _tile(h, weight, bias, tau).sub_(lse[sl].unsqueeze(-1))  # log p
         p = z.exp()
         if e is not None:
             # z − Σ_u p z = log p + H; the entropy term is −e·p·(log p + H)
@@ -88,7 +95,7 @@ def _backward(hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entro
         if d_hidden is not None:
             d_hidden[sl] = dz.to(hidden.dtype) @ weight
         if d_weight is not None:
-            d_weight.addmm_(dz.T, hidden[sl].float())
+            d_weight.addmm_(dz.T, h.float())
     return (
         d_hidden,
         None if d_weight is None else d_weight.to(weight.dtype),
