@@ -75,8 +75,8 @@ def _normalizer(normalizer, default: torch.Tensor) -> torch.Tensor:
                 f"normalizer tensor must be one real number, got shape {tuple(normalizer.shape)} {normalizer.dtype}"
             )
         norm = normalizer.detach().reshape(()).to(device=default.device, dtype=torch.float32)
-        if normalizer.device.type == "cpu" and not 0 <= float(norm) < float("inf"):
-            raise ValueError(f"normalizer must be a finite count >= 0, got {float(norm)}")
+        if normalizer.device.type == "cpu" and not 0 <= float(normalizer) < float("inf"):
+            raise ValueError(f"normalizer must be a finite count >= 0, got {float(normalizer)}")
         # On an accelerator a check would sync with the host: a negative or NaN count gives a NaN loss
         # instead (below), never a silently rescaled one.
         norm = torch.where(norm >= 0, norm, torch.full_like(norm, float("nan")))
