@@ -79,7 +79,7 @@ def _normalizer(normalizer, default: torch.Tensor) -> torch.Tensor:
             raise ValueError(f"normalizer must be a finite count >= 0, got {float(normalizer)}")
         # On an accelerator a check would sync with the host: a negative or NaN count gives a NaN loss
         # instead (below), never a silently rescaled one.
-        norm = torch.where(norm >= 0, norm, torch.full_like(norm, float("nan")))
+        norm = torch.where((norm >= 0) & norm.isfinite(), norm, torch.full_like(norm, float("nan")))
     else:
         if isinstance(normalizer, bool) or not isinstance(normalizer, numbers.Real):
             raise TypeError(f"normalizer must be a number, a 1-element tensor or None, got {type(normalizer).__name__}")
