@@ -118,6 +118,11 @@ def token_logprobs(
 
     Returns:
         logp `[...]` float32, or `(logp, entropy)` with return_entropy=True.
+
+    Both implementations compute in the inputs' dtype whatever torch.autocast says: under autocast,
+    cast the LM body's output and the head weight to one dtype first. Differentiable once (a second
+    derivative raises). With impl="torch" an ignored row's hidden state may be inf/NaN (padding); with
+    impl="triton" it must be finite, since the d_weight GEMM runs over every row (as eager does).
     """
     check_logprob_inputs(hidden, weight, targets, bias, temperature)
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
