@@ -102,7 +102,7 @@ def memory_scaling_table(results: list[Result], op: str, mode: str, providers: l
     out = []
     for dv, by_n in by_dv.items():
         out.append(
-            f"\n**peak extra memory (MiB, beyond the returned gradients) vs N — {op} {mode}, "
+            f"\n**peak extra memory (MiB, beyond the gradients) vs N tokens (B·T for grpo_loss) — {op} {mode}, "
             f"{' '.join(f'{k}={v}' for k, v in dv)}**\n"
         )
         head = ["N"] + providers + [f"{providers[0]} ÷ {p}" for p in providers[1:]]
