@@ -46,7 +46,7 @@ def settings_for(args, device: torch.device) -> tuple[Settings, float]:
     if device.type == "cuda":
         s, budget = Settings(warmup=2, reps=10, budget_s=2.0), 210.0
     elif args.acceptance:
-        s, budget = Settings(warmup=0, reps=3, budget_s=120.0), float("inf")
+        s, budget = Settings(warmup=0, reps=5, budget_s=120.0), float("inf")
     elif args.quick:
         s, budget = Settings(warmup=0, reps=3, budget_s=3.0), float("inf")
     else:
