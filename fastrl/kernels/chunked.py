@@ -1,9 +1,9 @@
 """Chunked pure-PyTorch token log-probs: the same memory bound as the kernels, on any device.
 
 Forward walks the tokens in chunks, builds one `[C, V]` logit tile at a time and keeps only the
-O(N) statistics (lse, logp, entropy). Backward recomputes each tile from hidden and weight and
-accumulates d_hidden, d_weight and d_bias in float32. The chunk size is picked so a tile stays
-near `FASTRL_CHUNK_BYTES` (default 32 MiB), whatever N is.
+O(N) statistics (lse, logp, entropy). Backward walks the vocabulary in `[N, V_chunk]` tiles,
+recomputed from hidden, weight and the saved lse, and forms d_weight, d_bias and (accumulated in
+float32) d_hidden. Tiles stay near `FASTRL_CHUNK_BYTES` (default 32 MiB).
 """
 
 import os
@@ -38,7 +38,8 @@ def _live_rows(hidden, valid, sl):
 def _tile(hidden, weight, bias, temperature):
     # [C, V] float32 logits / temperature; the matmul runs in the input dtype, as eager does
     z = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
-    return z.float().div_(temperature)
+    z = z.float()
+    return z if temperature == 1.0 else z.div_(temperature)
 
 
 def _forward(hidden, weight, targets, bias, params: LogprobParams):
@@ -65,40 +66,59 @@ def _forward(hidden, weight, targets, bias, params: LogprobParams):
     return logp, entropy, lse
 
 
+def chunk_cols(tokens: int) -> int:
+    """Vocab columns per backward chunk so that one float32 `[tokens, cols]` tile is about FASTRL_CHUNK_BYTES."""
+    budget = int(os.environ.get("FASTRL_CHUNK_BYTES", _DEFAULT_CHUNK_BYTES))
+    return max(64, budget // (4 * max(tokens, 1)))
+
+
 def _backward(hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, params, needs):
-    n, tau = hidden.shape[0], params.temperature
+    # Walks the vocabulary, not the tokens: each `[N, V_chunk]` tile gives its rows of d_weight complete
+    # in one GEMM (inner dim N), and d_hidden `[N, D]` takes the running sum. Token chunks would instead
+    # read and write the whole `[V, D]` d_weight once per chunk, which costs more whenever N < V.
+    n, v, tau = hidden.shape[0], weight.shape[0], params.temperature
     valid = targets != params.ignore_index
     safe = torch.where(valid, targets, torch.zeros_like(targets))
     g = torch.where(valid, grad_logp.float(), 0.0) if grad_logp is not None else None
     e = torch.where(valid, grad_entropy.float(), 0.0) if grad_entropy is not None else None
-    d_hidden = torch.empty_like(hidden) if needs[0] else None
-    d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs[1] else None
-    d_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if needs[3] else None
-    rows = chunk_rows(weight.shape[0])
-    for start in range(0, n, rows):
-        sl = slice(start, min(n, start + rows))
-        h = _live_rows(hidden, valid, sl)
-        z = _tile(h, weight, bias, tau).sub_(lse[sl].unsqueeze(-1))  # log p
-        p = z.exp()
+    h = _live_rows(hidden, valid, slice(None)) if not bool(valid.all()) else hidden
+    h32 = h.float() if needs[1] else None
+    d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if needs[0] else None
+    d_weight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if needs[1] else None
+    d_bias = torch.empty(v, dtype=torch.float32, device=weight.device) if needs[3] else None
+    if g is not None:
+        hit_order = torch.argsort(safe)  # rows sorted by target id, to find each chunk's targets fast
+        hit_ids = safe[hit_order]
+    cols = chunk_cols(n)
+    for start in range(0, v, cols):
+        sl = slice(start, min(v, start + cols))
+        z = _tile(h, weight[sl], None if bias is None else bias[sl], tau).sub_(lse.unsqueeze(-1))  # log p
         if e is not None:
             # z − Σ_u p z = log p + H; the entropy term is −e·p·(log p + H)
-            dz = z.add_(entropy[sl].unsqueeze(-1)).mul_(p).mul_(-e[sl].unsqueeze(-1))
+            p = z.exp()
+            dz = z.add_(entropy.unsqueeze(-1)).mul_(p).mul_(-e.unsqueeze(-1))
+            if g is not None:
+                dz.addcmul_(p, g.unsqueeze(-1), value=-1.0)
+            del p
+        elif g is not None:
+            dz = z.exp_().mul_(-g.unsqueeze(-1))
         else:
             dz = z.zero_()
         if g is not None:
-            dz.addcmul_(p, g[sl].unsqueeze(-1), value=-1.0)
-            dz.scatter_add_(-1, safe[sl].unsqueeze(-1), g[sl].unsqueeze(-1))
-        del p
-        dz.div_(tau)
+            lo, hi = torch.searchsorted(hit_ids, torch.tensor([sl.start, sl.stop], device=hit_ids.device)).tolist()
+            rows = hit_order[lo:hi]
+            dz.index_put_((rows, safe[rows] - sl.start), g[rows], accumulate=True)
+        if tau != 1.0:
+            dz.div_(tau)
         if d_bias is not None:
-            d_bias += dz.sum(0)
-        if d_hidden is not None:
-            d_hidden[sl] = dz.to(hidden.dtype) @ weight
+            d_bias[sl] = dz.sum(0)
         if d_weight is not None:
-            d_weight.addmm_(dz.T, h.float())
+            d_weight[sl] = dz.T @ h32
+        if d_hidden is not None:
+            d_hidden.addmm_(dz, weight[sl].float())
     return (
-        d_hidden,
-        None if d_weight is None else d_weight.to(weight.dtype),
+        None if d_hidden is None else d_hidden.to(hidden.dtype),
+        d_weight,
         None if d_bias is None else d_bias.to(bias.dtype),
     )
 

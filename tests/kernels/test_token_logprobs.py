@@ -105,6 +105,24 @@ def test_matches_float64_no_worse_than_eager(impl, case):
     assert (got["d_hidden"][ignored] == 0).all()
 
 
+@pytest.mark.parametrize("entropy", [True, False], ids=["ent", "logp-only"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_NAME.get)
+def test_torch_path_in_small_chunks(monkeypatch, dtype, entropy):
+    # A 20 kB budget: the forward walks 16-row token chunks, the backward 64-column vocab chunks, so
+    # targets, ignored rows and the fp32 d_hidden sum all cross chunk borders.
+    monkeypatch.setenv("FASTRL_CHUNK_BYTES", "20000")
+    hidden, weight, bias, targets = make_inputs((77,), 120, 1001, dtype, True)
+    g, e = torch.randn(77), torch.randn(77)
+    up = lambda t: t.double()  # noqa: E731
+    truth = run(None, up(hidden), up(weight), up(bias), targets, 0.7, entropy, g, e, use_ref=True)
+    eager = run(None, hidden, weight, bias, targets, 0.7, entropy, g, e, use_ref=True)
+    got = run("torch", hidden, weight, bias, targets, 0.7, entropy, g, e)
+    assert got.keys() == truth.keys()
+    for name, ref in truth.items():
+        err, err_eager = rel_err(got[name], ref), rel_err(eager[name], ref)
+        assert err <= err_eager + TOL[dtype], f"{name}: err {err:.2e} vs eager {err_eager:.2e}"
+
+
 @pytest.mark.parametrize("n_splits", [1, 3, 8, 11], ids=lambda s: f"splits{s}")
 def test_forward_vocab_splits_merge(n_splits):
     # V=1001 is 8 tiles of 128: 11 splits leaves three of them empty, which the merge must ignore.
