@@ -201,7 +201,7 @@ def git_sha() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "fastrl", "bench"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "fastrl", "bench"],
             cwd=root,
             capture_output=True,
             text=True,
