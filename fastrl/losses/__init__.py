@@ -2,6 +2,6 @@
 
 from .config import LossConfig
 from .grpo import GRPOLoss, grpo_loss
-from .policy import LossOutput, policy_loss
+from .policy import METRIC_KEYS, LossOutput, policy_loss
 
-__all__ = ["GRPOLoss", "LossConfig", "LossOutput", "grpo_loss", "policy_loss"]
+__all__ = ["METRIC_KEYS", "GRPOLoss", "LossConfig", "LossOutput", "grpo_loss", "policy_loss"]

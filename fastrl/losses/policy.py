@@ -10,6 +10,19 @@ from fastrl.kernels.policy_loss_torch import STATS, PolicyLossParams, policy_row
 
 from .config import LossConfig
 
+# The per-token means a loss call can report in `LossOutput.metrics` (besides `num_tokens`), under the names
+# the trainer logs them; a metric the configuration does not compute is absent from that call's dict.
+METRIC_KEYS = (
+    "clip_frac_low",
+    "clip_frac_high",
+    "clip_frac_dual",
+    "ratio_mean",
+    "log_ratio_abs_mean",
+    "kl_mean",
+    "entropy_mean",
+    "is_weight_mean",
+)
+
 
 class LossOutput(NamedTuple):
     loss: torch.Tensor  # scalar float32, differentiable

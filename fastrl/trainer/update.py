@@ -16,21 +16,10 @@ from contextlib import nullcontext
 import torch
 
 from fastrl.kernels import token_logprobs
-from fastrl.losses import LossConfig, grpo_loss
+from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss
 
 from . import distributed as dist_utils
 from .batching import Sample, collate, plan_microbatches
-
-# grpo_loss metrics averaged over the step's tokens; a metric the loss did not compute stays 0
-METRIC_KEYS = (
-    "clip_frac_low",
-    "clip_frac_high",
-    "clip_frac_dual",
-    "ratio_mean",
-    "kl_mean",
-    "entropy_mean",
-    "is_weight_mean",
-)
 
 
 def supports_packing(model) -> bool:
