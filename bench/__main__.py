@@ -2,7 +2,7 @@
 
     python -m bench --device cpu --quick            # ≤ 3 min on 2 cores: smoke sweep + memory scaling
     python -m bench --device cpu                    # full CPU sweep (fp32), tens of minutes
-    python -m bench --device cpu --acceptance       # issue 2's point: N=8192 D=512 V=32768 fp32 fwd+bwd
+    python -m bench --device cpu --acceptance       # headline points: N=8192 D=512 V=32768 fp32 fwd+bwd
     PYTHONPATH=. python -m bench --device cuda      # one H200: bf16 sweep, ≤ 5 min (see --budget-s)
 
 Every provider is first checked against the eager reference in the same run; a failed check is shown
@@ -28,7 +28,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="small CPU shapes, fewer repetitions")
-    p.add_argument("--acceptance", action="store_true", help="only the issues' acceptance configurations")
+    p.add_argument(
+        "--acceptance",
+        action="store_true",
+        help="only the headline CPU configurations, checked against their memory/time targets",
+    )
     p.add_argument("--out", default=os.path.join("bench", "out"), help="directory for JSON, markdown, PNGs")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {OPS}")
     p.add_argument("--providers", default="", help="comma-separated subset of providers (default: all)")
@@ -138,14 +142,14 @@ def render(env: dict, results: list[Result], args) -> str:
         if any(r.op == op and r.mode == mode and r.extra_mib is not None for r in results):
             body.append(report.memory_scaling_table(results, op, mode, scaling))
     if args.acceptance:
-        # issue 2: memory ≥ 10× below eager and time ≤ 1.3× eager; issue 3: memory ≥ 10× below eager
+        # token_logprobs: memory ≥ 10× below eager and time ≤ 1.3× eager; grpo_loss: memory ≥ 10× below eager
         targets = {"token_logprobs": (10.0, 1.3), "grpo_loss": (10.0, None)}
         body.append(report.acceptance_table(results, "eager", "fastrl-torch", targets))
     return "\n".join(lines) + "\n" + "\n".join(body) + "\n"
 
 
 def run_rewards(out_dir: str) -> str:
-    """The rewards helper's own benchmark, in its own process; its printed summary, as markdown."""
+    """The math verifier's benchmark, in its own process; its printed summary, as markdown."""
     cmd = [sys.executable, "-m", "bench.bench_rewards", "--out", os.path.join(out_dir, "rewards.json")]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -19,7 +19,7 @@ CONFIG = LossConfig(loss_agg="grpo", beta=0.04)
 
 CPU_QUICK = [dict(B=2, T=t, D=128, V=32768) for t in (256, 512)]
 CPU_FULL = [dict(B=8, T=t, D=512, V=32768) for t in (128, 256, 512)]
-# issue 3's acceptance point: fp32 fwd+bwd extra memory ≥ 10× below eager's
+# the headline CPU point (--acceptance): fp32 fwd+bwd; target extra memory ≥ 10× below eager's
 ACCEPTANCE = dict(B=8, T=1024, D=512, V=32768)
 GPU_SWEEP = [
     dict(B=8, T=1024, D=4096, V=151936),

@@ -2,7 +2,7 @@
 
 Modes: "fwd" runs under `torch.no_grad()` (how reference / old log-probs are computed); "fwd+bwd"
 is forward plus `autograd.grad` for hidden and weight with a random upstream gradient; "bwd" times
-only the backward of a forward done beforehand. FLOPs are the SPEC §1 floor — 2·N·D·V forward,
+only the backward of a forward done beforehand. FLOPs are the docs/math.md §1 floor — 2·N·D·V forward,
 6·N·D·V backward, 8·N·D·V both — the same nominal count for every provider, so TFLOP/s compares
 times and not how much work each provider chose to do.
 """
@@ -19,7 +19,7 @@ LOGIT_STD = 2.0  # scale of the random logits: a peaked but not degenerate softm
 
 CPU_QUICK = [dict(N=n, D=128, V=32768) for n in (256, 512, 1024, 2048)]
 CPU_FULL = [dict(N=n, D=512, V=32768) for n in (1024, 2048, 4096)]
-# issue 2's acceptance point: CPU, impl="torch", fp32 fwd+bwd, memory ≥ 10× below eager, time ≤ 1.3×
+# the headline CPU point (--acceptance): impl="torch", fp32 fwd+bwd; target memory ≥ 10× below eager, time ≤ 1.3×
 ACCEPTANCE = dict(N=8192, D=512, V=32768)
 # GPU, bf16, most important first (the run stops at its time budget): the speed-target shape
 # D=4096 / V≈152k over N, then model-like (D, V) pairs: Qwen2.5-0.5B, Llama-3.2-1B, Mistral-7B.

@@ -46,7 +46,7 @@ class Result:
     reps: int = 0
     peak_mib: float | None = None  # peak memory over the baseline with inputs allocated
     extra_mib: float | None = None  # peak_mib minus the gradient buffers the op must return
-    tflops: float | None = None  # nominal FLOPs (SPEC §1 floor) / median time
+    tflops: float | None = None  # nominal FLOPs (docs/math.md §1 floor) / median time
     pct_ceiling: float | None = None  # tflops / the bf16 matmul rate measured in the same run
 
     @property

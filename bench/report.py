@@ -128,7 +128,7 @@ def memory_scaling_table(results: list[Result], op: str, mode: str, providers: l
 
 
 def acceptance_table(results: list[Result], baseline: str, candidate: str, targets: dict) -> str:
-    """Issue-style acceptance, `targets[op] = (mem_x, time_x)`: the candidate's extra memory ≥ mem_x× below
+    """Targets check, `targets[op] = (mem_x, time_x)`: the candidate's extra memory ≥ mem_x× below
     the baseline's, its time ≤ time_x× the baseline's (time_x None: the time is shown without a target)."""
     out = []
     for r in results:
@@ -169,7 +169,7 @@ def plot(results: list[Result], out_dir: str, tag: str) -> list[str]:
     """time vs N and peak extra memory vs N, one line per provider, one PNG per (op, mode, D, V, dtype)."""
     try:
         import matplotlib
-    except ImportError:  # e.g. a lent GPU machine with a bare stack: the tables and JSON are still written
+    except ImportError:  # e.g. a GPU machine with a bare stack: the tables and JSON are still written
         print("[bench] matplotlib is not installed: no plots")
         return []
     matplotlib.use("Agg")
