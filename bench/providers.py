@@ -36,8 +36,8 @@ def triton_unavailable(device: torch.device) -> str | None:
         return "TRITON_INTERPRET=1 is set: the interpreter would be timed, not the GPU kernel"
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
-    if importlib.util.find_spec("fastrl.kernels.triton_function") is None:
-        return "fastrl has no Triton path in this checkout (fastrl/kernels/triton_function.py missing)"
+    if importlib.util.find_spec("fastrl.kernels.logprobs.fwd") is None:
+        return "fastrl has no Triton path in this checkout (fastrl/kernels/logprobs/fwd.py missing)"
     return None
 
 

@@ -34,7 +34,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import fastrl  # noqa: E402
-from fastrl.kernels import LogprobParams, logprob_bwd, token_logprobs_reference  # noqa: E402
+from fastrl.kernels import LogprobParams, token_logprobs_reference  # noqa: E402
+from fastrl.kernels.logprobs import bwd as logprob_bwd  # noqa: E402
 
 DEVICE = torch.device("cpu" if ARGS.dry_run else "cuda")
 BF16_TOL = 4e-3  # one bf16 ulp, relative to the scale of the value compared (as in tests/kernels)

@@ -1,7 +1,26 @@
-"""Per-token log-probabilities (and entropy) from hidden states, without the `[N, V]` logits."""
+"""fastrl's ops, laid out one package per op (docs/math.md §1–2).
 
-from .api import token_logprobs
-from .params import LogprobParams
-from .reference import token_logprobs_reference
+    logprobs/    per-token log-probabilities and entropy from hidden states, without the `[N, V]` logits
+    policy/      the per-token policy loss reduced to per-sequence sums and statistics
+    dispatch.py  `impl` ("auto" / "triton" / "torch") → the implementation that runs, for both ops
+    configs.py   every Triton launch constant and `triton.Config`
 
-__all__ = ["LogprobParams", "token_logprobs", "token_logprobs_reference"]
+Imports only torch (and triton, when a Triton path runs).
+"""
+
+from .dispatch import IMPLS, resolve_impl
+from .logprobs import LogprobParams, token_logprobs, token_logprobs_reference
+from .policy import NUM_STATS, STATS, PolicyLossParams, policy_rows, policy_rows_torch
+
+__all__ = [
+    "IMPLS",
+    "NUM_STATS",
+    "STATS",
+    "LogprobParams",
+    "PolicyLossParams",
+    "policy_rows",
+    "policy_rows_torch",
+    "resolve_impl",
+    "token_logprobs",
+    "token_logprobs_reference",
+]

@@ -1,6 +1,6 @@
-"""Every `triton.Config` of the token-log-prob kernels, in one place.
+"""Every launch constant and `triton.Config` of fastrl's Triton kernels, in one place.
 
-Each kernel has one known-good default per GPU generation (sm_80: A100, sm_90: H100/H200); the
+Log-prob kernels: each has one known-good default per GPU generation (sm_80: A100, sm_90: H100/H200); the
 compile test builds each of them for both targets and checks for register spills and tensor-core
 instructions. `FASTRL_AUTOTUNE=1` opts into autotuning over `AUTOTUNE_CONFIGS` instead, keyed on
 the token count rounded up to a power of two (so a new N in the same bucket does not re-tune).
@@ -11,6 +11,28 @@ import os
 import torch
 import triton
 
+__all__ = [
+    "AUTOTUNE_CONFIGS",
+    "AUTOTUNE_KEYS",
+    "BWD_SLAB_BYTES",
+    "DEFAULT_CONFIGS",
+    "FWD_MIN_SPLITS",
+    "FWD_WAVES",
+    "POLICY_MAX_BLOCK_T",
+    "POLICY_MIN_BLOCK_T",
+    "POLICY_NUM_WARPS",
+    "alloc",
+    "arch_of",
+    "autotune_enabled",
+    "config_key",
+    "default_config",
+    "kernel_and_kwargs",
+    "poison_outputs",
+    "shipped_configs",
+    "sm_count",
+    "token_bucket",
+]
+
 # Bytes of the `[N, V_chunk]` gradient-of-logits slab the backward writes per vocab chunk. 256 MiB keeps
 # the GEMMs large (V_chunk = 4096 columns at N = 32k in bf16) while staying a small, fixed workspace.
 BWD_SLAB_BYTES = int(os.environ.get("FASTRL_BWD_SLAB_BYTES", 2**28))
@@ -18,8 +40,15 @@ BWD_SLAB_BYTES = int(os.environ.get("FASTRL_BWD_SLAB_BYTES", 2**28))
 # Programs the forward aims to launch (times the SM count) when N is small.
 FWD_WAVES = 2
 # Vocab splits of the forward at any N: a resident wave then covers SMs / 8 token blocks, whose
-# hidden rows fit in L2 while the 8 splits stream disjoint vocab ranges (see logprob_fwd).
+# hidden rows fit in L2 while the 8 splits stream disjoint vocab ranges (see logprobs/fwd.py).
 FWD_MIN_SPLITS = 8
+
+# Policy-loss kernels: one program per sequence walks its row in BLOCK_T pieces, BLOCK_T the next power of
+# two of T, between these bounds. 8 warps keep the forward's ten [BLOCK_T] accumulators at 4 registers
+# each per thread (no spills at 1024).
+POLICY_MAX_BLOCK_T = 1024
+POLICY_MIN_BLOCK_T = 16
+POLICY_NUM_WARPS = 8
 
 
 def _cfg(block_n, block_v, block_d, num_warps, num_stages, **extra):

@@ -1,4 +1,4 @@
-"""PPO/GRPO policy losses (SPEC §2–3): config, per-token math, exact aggregation, fused entry point."""
+"""PPO/GRPO policy losses (docs/math.md §2–3): config, per-token math, exact aggregation, fused entry point."""
 
 from .config import LossConfig
 from .grpo import GRPOLoss, grpo_loss

@@ -1,4 +1,4 @@
-"""`LossConfig`: every knob of the PPO/GRPO policy loss (SPEC §2–3), validated once on construction."""
+"""`LossConfig`: every knob of the PPO/GRPO policy loss (docs/math.md §2–3), validated once on construction."""
 
 import numbers
 from dataclasses import dataclass
@@ -15,6 +15,8 @@ TRL_ALIASES = {
 KL_ESTIMATORS = ("k1", "k2", "k3")
 RATIO_LEVELS = ("token", "sequence")
 
+__all__ = ["AGG_MODES", "KL_ESTIMATORS", "RATIO_LEVELS", "TRL_ALIASES", "LossConfig"]
+
 
 def _number(name: str, value, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
@@ -28,13 +30,13 @@ def _number(name: str, value, *, allow_none: bool = False) -> None:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Policy-loss settings. `loss_agg` is stored under its SPEC name (a TRL alias is translated).
+    """Policy-loss settings. `loss_agg` is stored under its docs/math.md §3 name (a TRL alias is translated).
 
     Raises:
         ValueError / TypeError naming the bad field and value.
     """
 
-    loss_agg: str = "token-mean"  # SPEC §3 mode, or a TRL alias: grpo / bnpo / dapo / dr_grpo
+    loss_agg: str = "token-mean"  # docs/math.md §3 mode, or a TRL alias: grpo / bnpo / dapo / dr_grpo
     eps_low: float = 0.2  # ratio clipped below at 1 − eps_low
     eps_high: float = 0.2  # ratio clipped above at 1 + eps_high (DAPO's clip-higher: 0.28)
     dual_clip: float | None = None  # c > 1: caps the loss of A < 0 tokens at −c·A; None = off

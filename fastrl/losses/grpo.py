@@ -5,11 +5,12 @@ import dataclasses
 import torch
 from torch import nn
 
-from fastrl.kernels import token_logprobs
-from fastrl.kernels.api import IMPLS
+from fastrl.kernels import IMPLS, token_logprobs
 
 from .config import LossConfig
 from .policy import LossOutput, policy_loss
+
+__all__ = ["GRPOLoss", "IGNORE_INDEX", "grpo_loss"]
 
 IGNORE_INDEX = -100
 
@@ -29,7 +30,7 @@ def grpo_loss(
     normalizer=None,
     impl: str = "auto",
 ) -> LossOutput:
-    """Fused GRPO/PPO loss straight from the LM body's hidden states (SPEC §1–3).
+    """Fused GRPO/PPO loss straight from the LM body's hidden states (docs/math.md §1–3).
 
     The logits are divided by config.temperature (match the sampler's). The entropy is computed only
     when config.entropy_coef != 0 (it costs an extra pass over the vocabulary); only then is

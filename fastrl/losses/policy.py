@@ -1,27 +1,32 @@
-"""`policy_loss`: the PPO/GRPO policy loss from per-token log-probs (SPEC §2–3)."""
+"""`policy_loss`: the PPO/GRPO policy loss from per-token log-probs (docs/math.md §2–3)."""
 
+import dataclasses
 import numbers
 from typing import NamedTuple
 
 import torch
 
-from fastrl.kernels.api import resolve_impl
-from fastrl.kernels.policy_loss_torch import STATS, PolicyLossParams, policy_rows_torch
+from fastrl.kernels import STATS, PolicyLossParams, policy_rows
 
 from .config import LossConfig
 
+__all__ = ["METRIC_KEYS", "LossOutput", "policy_loss"]
+
 # The per-token means a loss call can report in `LossOutput.metrics` (besides `num_tokens`), under the names
-# the trainer logs them; a metric the configuration does not compute is absent from that call's dict.
-METRIC_KEYS = (
-    "clip_frac_low",
-    "clip_frac_high",
-    "clip_frac_dual",
-    "ratio_mean",
-    "log_ratio_abs_mean",
-    "kl_mean",
-    "entropy_mean",
-    "is_weight_mean",
-)
+# the trainer logs them, each with the `STATS` column it averages; a metric the configuration does not
+# compute is absent from that call's dict.
+_METRIC_COLUMNS = {
+    "clip_frac_low": "clip_low",
+    "clip_frac_high": "clip_high",
+    "clip_frac_dual": "clip_dual",
+    "ratio_mean": "ratio",
+    "log_ratio_abs_mean": "log_ratio_abs",
+    "kl_mean": "kl",
+    "entropy_mean": "entropy",
+    "is_weight_mean": "is_weight",
+}
+METRIC_KEYS = tuple(_METRIC_COLUMNS)
+_TOKENS = STATS.index("tokens")
 
 
 class LossOutput(NamedTuple):
@@ -36,7 +41,7 @@ def _tensor(name, t, *, optional=False):
         raise TypeError(f"{name} must be a torch.Tensor{' or None' if optional else ''}, got {type(t).__name__}")
 
 
-def check_policy_inputs(logprobs, advantages, mask, old, ref, rollout, entropy, config: LossConfig) -> None:
+def _check_inputs(logprobs, advantages, mask, old, ref, rollout, entropy, config: LossConfig) -> None:
     """Raise TypeError/ValueError naming the bad value; see `policy_loss` for the contract."""
     _tensor("logprobs", logprobs)
     _tensor("advantages", advantages)
@@ -103,8 +108,8 @@ def _normalizer(normalizer, default: torch.Tensor) -> torch.Tensor:
     return torch.where(norm == 0, torch.ones_like(norm), norm)
 
 
-def aggregate(row_loss: torch.Tensor, tokens: torch.Tensor, config: LossConfig, normalizer) -> torch.Tensor:
-    """SPEC §3: per-sequence masked sums `[B]` and token counts `[B]` → the scalar loss."""
+def _aggregate(row_loss: torch.Tensor, tokens: torch.Tensor, config: LossConfig, normalizer) -> torch.Tensor:
+    """docs/math.md §3: per-sequence masked sums `[B]` and token counts `[B]` → the scalar loss."""
     # torch.full, not torch.tensor: a fill kernel, no blocking host-to-device copy on CUDA
     batch = torch.full((), float(row_loss.shape[0]), dtype=torch.float32, device=row_loss.device)
     if config.loss_agg == "token-mean":
@@ -118,32 +123,34 @@ def aggregate(row_loss: torch.Tensor, tokens: torch.Tensor, config: LossConfig, 
     return numerator / _normalizer(normalizer, default)
 
 
-def kernel_params(config: LossConfig) -> PolicyLossParams:
-    return PolicyLossParams(
-        eps_low=float(config.eps_low),
-        eps_high=float(config.eps_high),
-        dual_clip=None if config.dual_clip is None else float(config.dual_clip),
-        beta=float(config.beta),
-        kl=config.kl,
-        entropy_coef=float(config.entropy_coef),
-        is_cap=None if config.is_cap is None else float(config.is_cap),
-        seq_ratio=config.ratio_level == "sequence",
-    )
+def _kernel_params(config: LossConfig) -> PolicyLossParams:
+    """The only map from a `LossConfig` to the kernels' `PolicyLossParams`.
+
+    Every kernel field but `seq_ratio` is the `LossConfig` field of the same name (numbers as Python
+    floats); `seq_ratio` is `ratio_level == "sequence"`. The other knobs (loss_agg, temperature,
+    max_completion_length) act outside the per-token kernel.
+    """
+    fields = {}
+    for field in dataclasses.fields(PolicyLossParams):
+        if field.name == "seq_ratio":
+            continue
+        value = getattr(config, field.name)
+        fields[field.name] = value if value is None or isinstance(value, str) else float(value)
+    return PolicyLossParams(**fields, seq_ratio=config.ratio_level == "sequence")
 
 
-def metrics_from_stats(stats: torch.Tensor, config: LossConfig, has_ref: bool, has_entropy: bool, has_is: bool):
+def _metrics_from_stats(stats: torch.Tensor, config: LossConfig, has_ref: bool, has_entropy: bool, has_is: bool):
+    """`[B, NUM_STATS]` per-sequence sums → {METRIC_KEYS present in this call, "num_tokens"}: token means."""
     totals = dict(zip(STATS, stats.sum(0).unbind()))
     tokens = totals["tokens"]
     denom = tokens.clamp(min=1)
-    names = ["clip_low", "clip_high", "ratio", "log_ratio_abs"]
-    names += ["clip_dual"] if config.dual_clip is not None else []
-    names += ["kl"] if has_ref else []
-    names += ["entropy"] if has_entropy else []
-    names += ["is_weight"] if has_is else []
-    metrics = {}
-    for name in names:
-        key = name.replace("clip_", "clip_frac_") if name.startswith("clip_") else f"{name}_mean"
-        metrics[key] = totals[name] / denom
+    absent = {
+        "clip_frac_dual": config.dual_clip is None,
+        "kl_mean": not has_ref,
+        "entropy_mean": not has_entropy,
+        "is_weight_mean": not has_is,
+    }
+    metrics = {key: totals[col] / denom for key, col in _METRIC_COLUMNS.items() if not absent.get(key, False)}
     metrics["num_tokens"] = tokens
     return metrics
 
@@ -161,7 +168,7 @@ def policy_loss(
     normalizer=None,
     impl: str = "auto",
 ) -> LossOutput:
-    """Clipped policy-gradient loss with KL, entropy bonus and rollout IS correction (SPEC §2–3).
+    """Clipped policy-gradient loss with KL, entropy bonus and rollout IS correction (docs/math.md §2–3).
 
     Args:
         logprobs: `[B, T]` log π(y_t) of the current policy (differentiable).
@@ -187,18 +194,13 @@ def policy_loss(
     config = LossConfig() if config is None else config
     if not isinstance(config, LossConfig):
         raise TypeError(f"config must be a LossConfig or None, got {type(config).__name__}")
-    check_policy_inputs(logprobs, advantages, mask, old_logprobs, ref_logprobs, rollout_logprobs, entropy, config)
-    impl = resolve_impl(impl, logprobs.device)
-    params = kernel_params(config)
-    args = (logprobs, advantages, mask, old_logprobs, ref_logprobs, rollout_logprobs, entropy, params)
-    if impl == "triton":
-        from fastrl.kernels.policy_loss_triton import policy_rows_triton
-
-        row_loss, stats = policy_rows_triton(*args)
-    else:
-        row_loss, stats = policy_rows_torch(*args)
-    loss = aggregate(row_loss, stats[:, 0].to(row_loss.dtype), config, normalizer)
-    metrics = metrics_from_stats(
+    _check_inputs(logprobs, advantages, mask, old_logprobs, ref_logprobs, rollout_logprobs, entropy, config)
+    params = _kernel_params(config)
+    row_loss, stats = policy_rows(
+        logprobs, advantages, mask, old_logprobs, ref_logprobs, rollout_logprobs, entropy, params, impl=impl
+    )
+    loss = _aggregate(row_loss, stats[:, _TOKENS].to(row_loss.dtype), config, normalizer)
+    metrics = _metrics_from_stats(
         stats, config, ref_logprobs is not None, entropy is not None, rollout_logprobs is not None
     )
     return LossOutput(loss, metrics)

@@ -1,6 +1,6 @@
-"""An independent float64 implementation of SPEC §2–3, one token at a time: the tests' ground truth.
+"""An independent float64 implementation of docs/math.md §2–3, one token at a time: the tests' ground truth.
 
-Written from the SPEC text only (no code shared with fastrl): plain Python control flow over 0-dim
+Written from the text of docs/math.md only (no code shared with fastrl): plain Python control flow over 0-dim
 float64 tensors, so autograd gives the reference gradients.
 """
 
@@ -22,7 +22,7 @@ def _kl(rho, kind):
 
 
 def oracle_loss(logp, adv, mask, cfg, *, old=None, ref=None, rollout=None, entropy=None, normalizer=None):
-    """float64 loss of SPEC §2–3. logp/entropy may require grad; cfg is a LossConfig."""
+    """float64 loss of docs/math.md §2–3. logp/entropy may require grad; cfg is a LossConfig."""
     B, T = logp.shape
     rows, counts = [], []
     for i in range(B):

@@ -183,9 +183,9 @@ def test_metrics_match_definitions(impl):
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_triton_rows_longer_than_one_block(level, monkeypatch):
     # the kernel loops over a row in BLOCK_T pieces: force 3 of them, the last one ragged
-    from fastrl.kernels import policy_loss_triton
+    from fastrl.kernels import configs
 
-    monkeypatch.setattr(policy_loss_triton, "MAX_BLOCK_T", 16)
+    monkeypatch.setattr(configs, "POLICY_MAX_BLOCK_T", 16)
     b = make_batch(B=3, T=37, per_token_adv=level == "token", seed=7)
     assert_matches(b, full_config("seq-mean-token-mean", level, "k3"), "triton")
 

@@ -10,70 +10,23 @@ GPU. Entropy is kept relative to the running max, H = log S − T / S, so large 
 it the difference of two large numbers. Nothing of size N·V is ever stored.
 """
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from . import configs
+from .. import configs
 from .params import LogprobParams
+from .tile import dot_precision, dot_upcast, logit_tile
+
+__all__ = ["logprob_forward", "logprob_fwd_kernel", "merge_partials"]
 
 # Start of the running max and the logit of masked columns: finite, so (m_old − m_new) · 0 and
 # exp(z − m) · (z − m) stay 0 where -inf would give NaN.
 _M_INIT = tl.constexpr(-1e30)
 
 
-def dot_precision(dtype: torch.dtype):
-    """tl.dot input precision: only fp32 inputs have a choice; follow torch's matmul setting."""
-    if dtype != torch.float32:
-        return None
-    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
-
-
-def dot_upcast(dtype: torch.dtype) -> bool:
-    """The Triton interpreter feeds bf16 tiles to tl.dot as raw uint16 bits; upcast them there only."""
-    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 @triton.jit
-def logit_tile(
-    hidden,
-    weight,
-    o_n,
-    m_n,
-    o_v,
-    m_v,
-    D,
-    stride_hn,
-    stride_hd,
-    stride_wv,
-    stride_wd,
-    BLOCK_N: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    DOT_UPCAST: tl.constexpr,
-):
-    o_d = tl.arange(0, BLOCK_D)
-    p_h = hidden + o_n[:, None] * stride_hn + o_d[None, :] * stride_hd  # [BN, BD]
-    p_w = weight + o_v.to(tl.int64)[None, :] * stride_wv + o_d[:, None] * stride_wd  # [BD, BV]
-    b_acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(D, BLOCK_D)):
-        m_d = o_d < D - i_k * BLOCK_D
-        b_h = tl.load(p_h, mask=m_n[:, None] & m_d[None, :], other=0.0)
-        b_w = tl.load(p_w, mask=m_d[:, None] & m_v[None, :], other=0.0)
-        if DOT_UPCAST:
-            b_h = b_h.to(tl.float32)
-            b_w = b_w.to(tl.float32)
-        b_acc = tl.dot(b_h, b_w, b_acc, input_precision=DOT_PRECISION)
-        p_h += BLOCK_D * stride_hd
-        p_w += BLOCK_D * stride_wd
-    return b_acc
-
-
-@triton.jit
-def target_logit(
+def _target_logit(
     hidden,
     weight,
     bias,
@@ -189,7 +142,7 @@ def logprob_fwd_kernel(
     if HAS_ENTROPY:
         tl.store(part_t + o_out, b_t, mask=m_n)
     if i_s == 0:
-        b_zt = target_logit(
+        b_zt = _target_logit(
             hidden, weight, bias, b_y, o_n, m_n, V, D, inv_temperature,
             stride_hn, stride_hd, stride_wv, stride_wd, stride_b, HAS_BIAS, BLOCK_N, BLOCK_D,
         )  # fmt: skip
@@ -214,7 +167,7 @@ def merge_partials(part_m, part_s, part_t, target_z, valid):
     return logp, lse, entropy
 
 
-def choose_splits(n_tokens: int, vocab: int, block_n: int, block_v: int, device: torch.device) -> int:
+def _choose_splits(n_tokens: int, vocab: int, block_n: int, block_v: int, device: torch.device) -> int:
     """Vocab splits: at least FWD_MIN_SPLITS, and enough for FWD_WAVES programs per SM at small N."""
     n_blocks = triton.cdiv(n_tokens, block_n)
     want = max(configs.FWD_MIN_SPLITS, triton.cdiv(configs.FWD_WAVES * configs.sm_count(device), n_blocks))
@@ -238,7 +191,7 @@ def logprob_forward(
     fn, kwargs = configs.kernel_and_kwargs("logprob_fwd", logprob_fwd_kernel, hidden.device)
     cfg = configs.default_config("logprob_fwd", hidden.device).kwargs
     if n_splits is None:
-        n_splits = choose_splits(n, v, cfg["BLOCK_N"], cfg["BLOCK_V"], hidden.device)
+        n_splits = _choose_splits(n, v, cfg["BLOCK_N"], cfg["BLOCK_V"], hidden.device)
     part_m, part_s = (configs.alloc((n_splits, n), torch.float32, hidden.device) for _ in range(2))
     part_t = configs.alloc((n_splits, n), torch.float32, hidden.device) if params.return_entropy else None
     target_z = configs.alloc((n,), torch.float32, hidden.device)

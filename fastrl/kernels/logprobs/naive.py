@@ -1,12 +1,14 @@
 """Eager full-logits reference: the test oracle and the benchmark baseline.
 
 This is what TRL and most eager RL code do today: build the `[N, V]` logits, take a float32
-log-softmax and gather one entry per row. Memory is O(N·V); the math is SPEC §1.
+log-softmax and gather one entry per row. Memory is O(N·V); the math is docs/math.md §1.
 """
 
 import torch
 
 from .params import LogprobParams
+
+__all__ = ["token_logprobs_reference"]
 
 
 def token_logprobs_reference(

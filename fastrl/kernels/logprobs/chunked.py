@@ -3,15 +3,17 @@
 Forward walks the tokens in chunks, builds one `[C, V]` logit tile at a time and keeps only the
 O(N) statistics (lse, logp, entropy). Backward walks the vocabulary in `[N, V_chunk]` tiles,
 recomputed from hidden, weight and the saved lse, and forms d_weight, d_bias and (accumulated in
-float32) d_hidden. Tiles stay near `FASTRL_CHUNK_BYTES` (default 32 MiB).
+float32) d_hidden. Tiles stay near `FASTRL_CHUNK_BYTES` (default 32 MiB). The math is docs/math.md §1;
+the autograd Function that runs these two passes is in function.py.
 """
 
 import os
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .params import LogprobParams
+
+__all__ = ["chunk_cols", "chunk_rows", "chunked_backward", "chunked_forward", "no_autocast"]
 
 _DEFAULT_CHUNK_BYTES = 32 * 2**20
 
@@ -22,7 +24,7 @@ def chunk_rows(vocab: int) -> int:
     return max(16, budget // (4 * vocab))
 
 
-def _no_autocast(hidden):
+def no_autocast(hidden):
     # The tiles run in the inputs' dtype, as the Triton kernels do. Under autocast the forward would
     # use bf16 logits and the backward (usually outside the context) fp32 ones: p = exp(z − lse)
     # would then not sum to 1 and the gradient would be wrong.
@@ -42,7 +44,8 @@ def _tile(hidden, weight, bias, temperature):
     return z if temperature == 1.0 else z.div_(temperature)
 
 
-def _forward(hidden, weight, targets, bias, params: LogprobParams):
+def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
+    """`[N, D]`, `[V, D]`, `[N]`, `[V]`|None → (logp `[N]`, entropy `[N]`|None, lse `[N]`), float32."""
     n = hidden.shape[0]
     valid = targets != params.ignore_index
     safe = torch.where(valid, targets, torch.zeros_like(targets))
@@ -72,7 +75,8 @@ def chunk_cols(tokens: int) -> int:
     return max(64, budget // (4 * max(tokens, 1)))
 
 
-def _backward(hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, params, needs):
+def chunked_backward(hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, params, needs):
+    """(d_hidden, d_weight, d_bias), each None unless `needs` (hidden, weight, targets, bias) asks for it."""
     # Walks the vocabulary, not the tokens: each `[N, V_chunk]` tile gives its rows of d_weight complete
     # in one GEMM (inner dim N), and d_hidden `[N, D]` takes the running sum. Token chunks would instead
     # read and write the whole `[V, D]` d_weight once per chunk, which costs more whenever N < V.
@@ -121,35 +125,3 @@ def _backward(hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entro
         d_weight,
         None if d_bias is None else d_bias.to(bias.dtype),
     )
-
-
-class ChunkedLogprobFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, bias, params: LogprobParams):
-        with _no_autocast(hidden):
-            logp, entropy, lse = _forward(hidden, weight, targets, bias, params)
-        ctx.params = params
-        ctx.save_for_backward(hidden, weight, targets, bias, lse, entropy)
-        return logp if entropy is None else (logp, entropy)
-
-    @staticmethod
-    @once_differentiable  # the backward is hand-written: a second derivative must raise, not be wrong
-    def backward(ctx, grad_logp, *grad_rest):
-        hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
-        grad_entropy = grad_rest[0] if grad_rest else None
-        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False, ctx.needs_input_grad[3])
-        with _no_autocast(hidden):
-            d_hidden, d_weight, d_bias = _backward(
-                hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, ctx.params, needs
-            )
-        return d_hidden, d_weight, None, d_bias, None
-
-
-def token_logprobs_chunked(hidden, weight, targets, bias, params: LogprobParams):
-    """`[N, D]`, `[V, D]`, `[N]` → logp `[N]` (and entropy `[N]`), float32, memory O(N + chunk·V)."""
-    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
-        with _no_autocast(hidden):
-            logp, entropy, _ = _forward(hidden, weight, targets, bias, params)
-        return logp, entropy
-    out = ChunkedLogprobFunction.apply(hidden, weight, targets, bias, params)
-    return (out, None) if isinstance(out, torch.Tensor) else out

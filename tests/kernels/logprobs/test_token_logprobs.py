@@ -10,7 +10,7 @@ import torch
 
 import fastrl
 from fastrl.kernels import LogprobParams, configs, token_logprobs_reference
-from fastrl.kernels.logprob_fwd import logprob_forward
+from fastrl.kernels.logprobs.fwd import logprob_forward
 
 IMPLS = ("torch", "triton")
 # About one unit in the last place of each dtype, relative to the scale of the value compared.
@@ -199,8 +199,8 @@ def test_all_ignored_and_single_token():
 @pytest.mark.parametrize("kernel", sorted(configs.DEFAULT_CONFIGS))
 def test_configs_fit_their_kernel(kernel):
     # Autotuning only runs on a GPU; here check that its keys and every config name real kernel params.
-    from fastrl.kernels.logprob_bwd import logprob_dz_kernel
-    from fastrl.kernels.logprob_fwd import logprob_fwd_kernel
+    from fastrl.kernels.logprobs.bwd import logprob_dz_kernel
+    from fastrl.kernels.logprobs.fwd import logprob_fwd_kernel
 
     fn = {"logprob_fwd": logprob_fwd_kernel, "logprob_dz": logprob_dz_kernel}[kernel].fn
     assert set(configs.AUTOTUNE_KEYS[kernel]) <= set(fn.arg_names)

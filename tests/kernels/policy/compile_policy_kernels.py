@@ -17,13 +17,10 @@ os.environ["TRITON_INTERPRET"] = "0"
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-from fastrl.kernels.policy_loss_triton import (  # noqa: E402
-    MAX_BLOCK_T,
-    NUM_STATS,
-    NUM_WARPS,
-    policy_bwd_kernel,
-    policy_fwd_kernel,
-)
+from fastrl.kernels import configs  # noqa: E402
+from fastrl.kernels.policy.bwd import policy_bwd_kernel  # noqa: E402
+from fastrl.kernels.policy.fwd import policy_fwd_kernel  # noqa: E402
+from fastrl.kernels.policy.params import NUM_STATS, STAT_CONSTEXPRS  # noqa: E402
 
 OPTIONAL = ("old", "ref", "rollout", "entropy")
 FLOATS = ("eps_low", "eps_high", "dual_clip", "beta", "entropy_coef", "is_cap")
@@ -42,7 +39,8 @@ def build(kernel, arch, present: bool, seq: bool, per_token: bool, kl: int, logp
         SEQ_RATIO=seq,
         KL=kl,
         NUM_STATS=NUM_STATS,
-        BLOCK_T=MAX_BLOCK_T,
+        **STAT_CONSTEXPRS,
+        BLOCK_T=configs.POLICY_MAX_BLOCK_T,
     )
     for i, name in enumerate(jit_fn.arg_names):
         if name in OPTIONAL and not present:
@@ -62,7 +60,7 @@ def build(kernel, arch, present: bool, seq: bool, per_token: bool, kl: int, logp
             signature[name] = "*fp32"
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = triton.compiler.ASTSource(fn=jit_fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": NUM_WARPS})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": configs.POLICY_NUM_WARPS})
 
 
 def ptxas_spills(ptx, arch):

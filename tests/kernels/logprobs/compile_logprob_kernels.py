@@ -1,6 +1,6 @@
 """Compile every shipped kernel config for sm_80 and sm_90 without a GPU; print one JSON line per build.
 
-Run by test_compile.py in a subprocess with TRITON_INTERPRET=0 (under the interpreter the kernels are
+Run by test_logprob_compile.py in a subprocess with TRITON_INTERPRET=0 (under the interpreter the kernels are
 not compilable objects). Pointers and the wide strides get the 16-divisibility that the launcher's
 specialization gives them at real shapes (D = 4096), unit strides are constants, as at runtime.
 """
@@ -18,8 +18,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from fastrl.kernels import configs  # noqa: E402
-from fastrl.kernels.logprob_bwd import logprob_dz_kernel  # noqa: E402
-from fastrl.kernels.logprob_fwd import logprob_fwd_kernel  # noqa: E402
+from fastrl.kernels.logprobs.bwd import logprob_dz_kernel  # noqa: E402
+from fastrl.kernels.logprobs.fwd import logprob_fwd_kernel  # noqa: E402
 
 KERNELS = {"logprob_fwd": logprob_fwd_kernel, "logprob_dz": logprob_dz_kernel}
 INPUT_PTRS = {"hidden", "weight", "bias", "dz"}

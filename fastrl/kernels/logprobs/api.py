@@ -1,46 +1,16 @@
-"""`token_logprobs`: the public entry point, input checks and the choice of implementation."""
+"""`token_logprobs`: the public entry point of the log-prob op and its input checks (docs/math.md §1, §5)."""
 
 import numbers
-import os
 
 import torch
 
-from .chunked import token_logprobs_chunked
+from ..dispatch import resolve_impl, token_logprobs_impl
 from .params import LogprobParams
 
-IMPLS = ("auto", "triton", "torch")
+__all__ = ["token_logprobs"]
 
 
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def resolve_impl(impl: str, device: torch.device) -> str:
-    """Map `impl` to "triton" or "torch" for tensors on `device`, or raise a ValueError."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "torch"
-    if impl == "triton":
-        if not triton_available():
-            raise ValueError("impl='triton' needs the triton package, which is not installed")
-        if device.type != "cuda" and not interpreter_on():
-            raise ValueError(
-                f"impl='triton' on a {device.type} tensor needs TRITON_INTERPRET=1 set before triton "
-                "is imported; use impl='torch' or 'auto' on CPU"
-            )
-    return impl
-
-
-def check_logprob_inputs(hidden, weight, targets, bias, temperature) -> None:
+def _check_inputs(hidden, weight, targets, bias, temperature) -> None:
     """Raise TypeError/ValueError naming the bad value; see `token_logprobs` for the contract."""
     for name, t in (("hidden", hidden), ("weight", weight), ("targets", targets)):
         if not isinstance(t, torch.Tensor):
@@ -84,7 +54,7 @@ def check_logprob_inputs(hidden, weight, targets, bias, temperature) -> None:
         raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
 
 
-def check_targets_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
+def _check_targets_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
     if targets.numel() and bool(bad.any()):
         value = int(targets[bad][0])
@@ -104,7 +74,7 @@ def token_logprobs(
 ):
     """Log-probability of each target token, straight from hidden states and the LM-head weight.
 
-    Never materializes the `[N, V]` logits, forward or backward (SPEC §1).
+    Never materializes the `[N, V]` logits, forward or backward (docs/math.md §1).
 
     Args:
         hidden: `[..., D]` float16/bfloat16/float32 hidden states (the LM body's output).
@@ -124,7 +94,7 @@ def token_logprobs(
     derivative raises). With impl="torch" an ignored row's hidden state may be inf/NaN (padding); with
     impl="triton" it must be finite, since the d_weight GEMM runs over every row (as eager does).
     """
-    check_logprob_inputs(hidden, weight, targets, bias, temperature)
+    _check_inputs(hidden, weight, targets, bias, temperature)
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
     ignore_index = int(ignore_index)
@@ -133,7 +103,7 @@ def token_logprobs(
     if targets.dtype != torch.int64 and (wide_ignore or targets.dtype != torch.int32):
         # A narrower dtype wraps ignore_index in comparisons (uint8 156 == -100, int32 0 == 2**40).
         targets = targets.long()
-    check_targets_range(targets, weight.shape[0], ignore_index)
+    _check_targets_range(targets, weight.shape[0], ignore_index)
     if wide_ignore:
         # The kernels compare targets in int32: move an ignore_index beyond that range to -1, which the
         # range check above guarantees is not a real target.
@@ -143,11 +113,6 @@ def token_logprobs(
     lead = targets.shape
     h2 = hidden.reshape(targets.numel(), hidden.shape[-1])  # not -1: D = 0 or N = 0 leave -1 ambiguous
     t1 = targets.reshape(-1)
-    if impl == "triton":
-        from .triton_function import token_logprobs_triton
-
-        logp, entropy = token_logprobs_triton(h2, weight, t1, bias, params)
-    else:
-        logp, entropy = token_logprobs_chunked(h2, weight, t1, bias, params)
+    logp, entropy = token_logprobs_impl(impl)(h2, weight, t1, bias, params)
     logp = logp.reshape(lead)
     return (logp, entropy.reshape(lead)) if return_entropy else logp

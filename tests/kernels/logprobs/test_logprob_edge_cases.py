@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import fastrl
-from fastrl.kernels.params import LogprobParams
-from fastrl.kernels.reference import token_logprobs_reference
+from fastrl.kernels import LogprobParams, token_logprobs_reference
 
 IMPLS = ["torch", "triton"]
 

@@ -1,4 +1,4 @@
-"""Backward: recompute logit tiles, form ∂L/∂z (SPEC §1), then the two gradient GEMMs.
+"""Backward: recompute logit tiles, form ∂L/∂z (docs/math.md §1), then the two gradient GEMMs.
 
 Design trade-off. The gradient GEMMs have D = 4096 wide outputs, so a fused tile kernel cannot keep
 its d_hidden `[BLOCK_N, D]` / d_weight `[BLOCK_V, D]` accumulators on chip: either it adds them
@@ -16,9 +16,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import configs
-from .logprob_fwd import dot_precision, dot_upcast, logit_tile
+from .. import configs
 from .params import LogprobParams
+from .tile import dot_precision, dot_upcast, logit_tile
+
+__all__ = ["logprob_backward", "logprob_dz_kernel"]
 
 
 @triton.heuristics(
@@ -122,7 +124,7 @@ def _mm_f32(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch
     return prod if acc is None else acc.add_(prod)
 
 
-def slab_cols(n_tokens: int, vocab: int, elem_bytes: int) -> int:
+def _slab_cols(n_tokens: int, vocab: int, elem_bytes: int) -> int:
     """Vocab columns per backward chunk: under BWD_SLAB_BYTES (or one BLOCK_V unit), a multiple of every BLOCK_V."""
     unit = max(c.kwargs["BLOCK_V"] for arch in (80, 90) for c in configs.shipped_configs("logprob_dz", arch))
     cols = max(unit, configs.BWD_SLAB_BYTES // max(1, n_tokens * elem_bytes) // unit * unit)
@@ -151,7 +153,7 @@ def logprob_backward(
     v = weight.shape[0]
     dev = hidden.device
     if chunk_cols is None:
-        chunk_cols = slab_cols(n, v, hidden.element_size())
+        chunk_cols = _slab_cols(n, v, hidden.element_size())
     chunk_cols = min(chunk_cols, v)
     grad_logp = torch.zeros(n, dtype=torch.float32, device=dev) if grad_logp is None else grad_logp.float()
     if grad_entropy is not None:

@@ -1,33 +1,19 @@
-"""Pure-PyTorch per-token policy loss (SPEC §2): the reference and CPU path of the fused kernel.
+"""Pure-PyTorch per-token policy loss (docs/math.md §2): the reference and the CPU path of the fused kernel.
 
 Both implementations return the same two things for a `[B, T]` batch:
   row_loss `[B]`   Σ_t m·ℓ per sequence, differentiable w.r.t. logprobs (and entropy);
   stats `[B, K]`   detached per-sequence masked sums, columns named by `STATS`.
-Aggregation over sequences (SPEC §3) happens on these `[B]` vectors, outside the kernel.
+Aggregation over sequences (docs/math.md §3) happens on these `[B]` vectors, outside the kernel.
 
 Masked positions may hold anything (padding, inf, NaN): every input is replaced by a neutral value
 there BEFORE any exp, so neither the loss nor the gradient can pick up 0·inf.
 """
 
-from dataclasses import dataclass
-
 import torch
 
-# Column order of `stats`; the Triton kernel writes the same columns.
-STATS = ("tokens", "clip_low", "clip_high", "clip_dual", "ratio", "log_ratio_abs", "kl", "entropy", "is_weight")
-KL_CODES = {"k1": 1, "k2": 2, "k3": 3}
+from .params import STATS, PolicyLossParams
 
-
-@dataclass(frozen=True)
-class PolicyLossParams:
-    eps_low: float = 0.2  # lower clip bound is 1 − eps_low
-    eps_high: float = 0.2  # upper clip bound is 1 + eps_high
-    dual_clip: float | None = None  # c > 1 caps the A < 0 loss at −c·A
-    beta: float = 0.0  # KL coefficient (the KL is still computed for the metric when ref is given)
-    kl: str = "k3"  # estimator of KL(π‖π_ref) per token
-    entropy_coef: float = 0.0  # α of the −α·H bonus
-    is_cap: float | None = None  # truncation C of the rollout importance weight
-    seq_ratio: bool = False  # GSPO: one ratio per sequence, exp of the masked mean log ratio
+__all__ = ["kl_term", "policy_rows_torch"]
 
 
 def kl_term(rho: torch.Tensor, kind: str) -> torch.Tensor:
@@ -98,16 +84,16 @@ def policy_rows_torch(logp, advantages, mask, old, ref, rollout, entropy, params
             loss = loss - params.entropy_coef * h
     row_loss = (loss * mf).sum(-1)
     with torch.no_grad():
-        cols = (
-            mf,
-            (m & (r < lo) & (adv < 0)).to(dt),
-            (m & (r > hi) & (adv > 0)).to(dt),
-            clip_dual,
-            r * mf,
-            log_r.abs() * mf,
-            kl * mf,
-            h * mf,
-            w * mf,
-        )
-        stats = torch.stack([c.sum(-1) for c in cols], dim=-1).float()
+        cols = {
+            "tokens": mf,
+            "clip_low": (m & (r < lo) & (adv < 0)).to(dt),
+            "clip_high": (m & (r > hi) & (adv > 0)).to(dt),
+            "clip_dual": clip_dual,
+            "ratio": r * mf,
+            "log_ratio_abs": log_r.abs() * mf,
+            "kl": kl * mf,
+            "entropy": h * mf,
+            "is_weight": w * mf,
+        }
+        stats = torch.stack([cols[name].sum(-1) for name in STATS], dim=-1).float()
     return row_loss.float() if dt == torch.float32 else row_loss, stats

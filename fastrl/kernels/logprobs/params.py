@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+__all__ = ["LogprobParams"]
+
 
 @dataclass(frozen=True)
 class LogprobParams:
