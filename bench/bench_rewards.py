@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from fastrl.trainer.verifier_pool import VerifierPool
+from fastrl.rewards import VerifierPool
 
 
 def numeric_pairs(n: int, rng: random.Random) -> list[tuple[str, str, bool]]:
@@ -135,9 +135,9 @@ def startup(workers: int) -> dict:
     with VerifierPool(workers) as pool:
         pool.start()
         pool_start = time.perf_counter() - start
-    # What a multiprocessing spawn/forkserver child would pay: importing the package (and so torch) first.
+    # What a multiprocessing spawn/forkserver child of a trainer would pay: importing the losses (and so torch).
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import fastrl.trainer.math_verify"], check=True)
+    subprocess.run([sys.executable, "-c", "import fastrl.losses, fastrl.rewards.verify"], check=True)
     package_import = time.perf_counter() - start
     return {"pool_start_s": pool_start, "spawn_with_package_import_s": package_import}
 
@@ -183,7 +183,7 @@ def main() -> None:
     print(f"max overshoot past a {o['timeout_s']} s timeout: {o['max_overshoot_s'] * 1e3:.0f} ms ({o['worst_pair']})")
     s = results["startup"]
     print(
-        f"start-up: pool of {args.workers} ready in {s['pool_start_s']:.2f} s; a child importing the package "
+        f"start-up: pool of {args.workers} ready in {s['pool_start_s']:.2f} s; a child importing torch "
         f"(spawn/forkserver) would need {s['spawn_with_package_import_s']:.2f} s each"
     )
     if args.out:

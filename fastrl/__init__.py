@@ -1,7 +1,40 @@
-"""fastrl: fused, memory-bounded log-prob kernels and GRPO/PPO losses for RL post-training."""
+"""fastrl: fused, memory-bounded log-prob kernels and GRPO/PPO losses for RL post-training.
 
-from .kernels import token_logprobs
-from .losses import GRPOLoss, LossConfig, LossOutput, grpo_loss, policy_loss
+Names are imported on first use (module ``__getattr__``), so ``import fastrl.rewards`` (and a verifier worker)
+loads no torch.
+"""
 
-__all__ = ["token_logprobs", "GRPOLoss", "LossConfig", "LossOutput", "grpo_loss", "policy_loss"]
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_LAZY = {
+    "token_logprobs": "fastrl.kernels",
+    "GRPOLoss": "fastrl.losses",
+    "LossConfig": "fastrl.losses",
+    "LossOutput": "fastrl.losses",
+    "grpo_loss": "fastrl.losses",
+    "policy_loss": "fastrl.losses",
+    "lm_body_and_head": "fastrl.losses",
+}
+_SUBPACKAGES = ("kernels", "losses", "rewards", "trainer", "integrations")
+
+__all__ = ["token_logprobs", "GRPOLoss", "LossConfig", "LossOutput", "grpo_loss", "policy_loss", "lm_body_and_head"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBPACKAGES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))

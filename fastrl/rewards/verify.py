@@ -1,10 +1,8 @@
 """Sympy side of the math verifier: parse leaves, compare expressions, equations, inequalities and structures.
 
-``is_equiv`` has NO time limit of its own: sympy can run for minutes (or forever) on hostile input, so it is
-meant to run inside a verifier worker that the parent kills at the deadline (``verifier_pool``). LaTeX is parsed
-with latex2sympy2_extended (pinned in setup.py; see docs/rewards.md for why), plain text with sympy's
-``parse_expr``. Like ``math_normalize``, this module must never import torch: the workers load it without the
-package ``__init__``.
+``is_equiv`` has NO time limit of its own: sympy can run for minutes (or forever) on hostile input, so it runs
+inside a verifier worker that the parent kills at the deadline (``pool``). LaTeX is parsed with
+latex2sympy2_extended (pinned in setup.py; see docs/rewards.md for why), plain text with sympy's ``parse_expr``.
 """
 
 from __future__ import annotations
@@ -23,16 +21,10 @@ from sympy.parsing.sympy_parser import (
     standard_transformations,
 )
 
-from .math_normalize import (
-    Equation,
-    Leaf,
-    Seq,
-    inequality_interval,
-    normalize,
-    parse_structure,
-    quick_equal,
-    split_marker,
-)
+from .normalize import normalize, quick_equal, split_marker
+from .structure import Equation, Leaf, Seq, inequality_interval, parse_structure
+
+__all__ = ["expressions_equal", "is_equiv", "parse_leaf"]
 
 # Relative agreement that counts as equal at one evaluation point (values are computed to 30 digits).
 _REL_TOL = sympy.Float("1e-12")

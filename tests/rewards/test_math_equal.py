@@ -9,9 +9,9 @@ import time
 import pytest
 from math_pairs import PAIRS
 
-from fastrl.trainer.math_normalize import quick_equal
-from fastrl.trainer.math_verify import parse_leaf
-from fastrl.trainer.rewards import VerifierPool, batch_math_equal, math_equal
+from fastrl.rewards import VerifierPool, batch_math_equal, math_equal
+from fastrl.rewards.normalize import quick_equal
+from fastrl.rewards.verify import parse_leaf
 
 # Pathological pairs sympy cannot settle quickly: exact evaluation of a 360-million-digit factorial (minutes in
 # pure Python, still many seconds with gmpy2), of a 2^40-bit power. Both are mathematically equal, so only a
@@ -169,7 +169,7 @@ def test_bad_arguments_raise(pool):
 
 
 _ORPHAN_PARENT = f"""
-from fastrl.trainer.verifier_pool import VerifierPool
+from fastrl.rewards import VerifierPool
 pool = VerifierPool(2)
 pool.start()
 print(*[w.process.pid for w in pool._idle], flush=True)

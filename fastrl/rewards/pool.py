@@ -5,9 +5,9 @@ thread (a trainer that scores rewards from a thread would silently lose every ch
 separate process and the parent kills it when its time is up, then starts a replacement in the background.
 
 Workers are plain ``python -c`` subprocesses, not ``multiprocessing`` children: the parent may hold torch, CUDA
-and threads, which makes ``fork`` unsafe, and ``spawn``/``forkserver`` would import ``fastrl/__init__`` (and so
-torch: 1.5 s and 220 MB per worker). The bootstrap registers ``fastrl`` and ``fastrl.trainer`` as bare packages
-and imports only the verifier modules (sympy + latex2sympy2_extended: about 0.5 s). Parent and worker talk over a
+and threads, which makes ``fork`` unsafe, and ``spawn``/``forkserver`` would re-import the parent's main module
+(and so torch: 1.5 s and 220 MB per worker). A worker imports only ``fastrl.rewards`` (torch-free) and the
+verifier's sympy side (sympy + latex2sympy2_extended: about 0.5 s). Parent and worker talk over a
 ``multiprocessing.connection`` pipe: one ``(pred, gold, timeout)`` request, one ``bool`` reply.
 
 A worker also ends by itself when the parent dies: a thread watches the parent between checks, and during a
@@ -29,15 +29,17 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from .math_normalize import quick_equal
+from .normalize import quick_equal
 
-_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+__all__ = ["VerifierPool", "default_pool"]
+
+# The directory holding the ``fastrl`` package this module belongs to: the worker imports the same copy.
+_ROOT = Path(__file__).resolve().parents[2]
 _BOOTSTRAP = (
-    "import sys, types\n"
-    "for name, path in (('fastrl', sys.argv[1]), ('fastrl.trainer', sys.argv[2])):\n"
-    "    module = types.ModuleType(name); module.__path__ = [path]; sys.modules[name] = module\n"
-    "from fastrl.trainer.verifier_pool import _serve\n"
-    "_serve(int(sys.argv[3]), int(sys.argv[4]))\n"
+    "import sys\n"
+    "sys.path.insert(0, sys.argv[1])\n"
+    "from fastrl.rewards.pool import _serve\n"
+    "_serve(int(sys.argv[2]), int(sys.argv[3]))\n"
 )
 _READY = "ready"
 # How long a fresh worker may take to import sympy before the pool gives up on it.
@@ -65,7 +67,7 @@ def _serve(fd: int, memory_limit_mb: int) -> None:
         os._exit(0)
 
     threading.Thread(target=_orphan_watch, daemon=True).start()
-    from .math_verify import is_equiv
+    from .verify import is_equiv
 
     conn = Connection(fd)
     try:
@@ -97,7 +99,7 @@ class _Worker:
 
         parent_conn, child_conn = multiprocessing.Pipe()
         fd = child_conn.fileno()
-        args = [sys.executable, "-c", _BOOTSTRAP, str(_PACKAGE_DIR), str(_PACKAGE_DIR / "trainer"), str(fd)]
+        args = [sys.executable, "-c", _BOOTSTRAP, str(_ROOT), str(fd)]
         try:
             self.process = subprocess.Popen(
                 [*args, str(memory_limit_mb)],
@@ -231,7 +233,7 @@ class VerifierPool:
             raise
 
     def math_equal(self, pred: str | None, gold: str, *, timeout: float = 5.0) -> bool:
-        """``math_equal`` on this pool; see ``fastrl.trainer.rewards.math_equal``."""
+        """``math_equal`` on this pool; see ``fastrl.rewards.math_equal``."""
         return self.map([(pred, gold)], timeout=timeout)[0]
 
     def map(self, pairs: Sequence[tuple[str | None, str]], *, timeout: float = 5.0) -> list[bool]:
