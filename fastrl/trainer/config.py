@@ -239,8 +239,8 @@ def _build(values: dict) -> TrainConfig:
     """A TrainConfig from flat values: trainer fields, plus loss knobs (or `loss` as a mapping/LossConfig)."""
     values = dict(values)
     loss = values.pop("loss", None)
-    if isinstance(loss, LossConfig):
-        loss = {k: getattr(loss, k) for k in LOSS_KNOBS}
+    base = loss if isinstance(loss, LossConfig) else None  # TrainConfig checks its sampler knobs
+    loss = {} if base is not None else loss
     if loss is not None and not isinstance(loss, dict):
         raise ValueError(f"loss must be a mapping of loss knobs or a LossConfig, got {type(loss).__name__}")
     loss_values = {k.replace("-", "_"): v for k, v in (loss or {}).items()}
@@ -252,6 +252,8 @@ def _build(values: dict) -> TrainConfig:
     trainer_values = {k: _coerce(k, v, trainer_defaults[k]) for k, v in values.items()}
     sampler = {k: trainer_values.get(k, trainer_defaults[k]) for k in SAMPLER_KNOBS}
     loss_values = {k: _coerce(k, v, _LOSS_DEFAULTS[k]) for k, v in loss_values.items()}
+    if base is not None:
+        return TrainConfig(**trainer_values, loss=dataclasses.replace(base, **loss_values))
     return TrainConfig(**trainer_values, loss=LossConfig(**loss_values, **sampler))
 
 
