@@ -7,9 +7,9 @@
 import torch
 
 from .engine import Completion, RolloutEngine, build_prompt
-from .hf_engine import HFEngine, end_token_ids, trim_completion
+from .hf_engine import HFEngine, trim_completion
 
-__all__ = ["Completion", "HFEngine", "RolloutEngine", "build_prompt", "end_token_ids", "make_engine", "trim_completion"]
+__all__ = ["Completion", "HFEngine", "RolloutEngine", "build_prompt", "make_engine", "trim_completion"]
 
 
 def make_engine(name: str, model, tokenizer, config) -> RolloutEngine:

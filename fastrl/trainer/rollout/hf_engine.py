@@ -17,7 +17,7 @@ def trim_completion(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]
     return ids, True
 
 
-def end_token_ids(model, tokenizer) -> list[int]:
+def _end_token_ids(model, tokenizer) -> list[int]:
     """The tokenizer's EOS plus the model's generation-config end tokens (chat models end turns differently)."""
     ids = [tokenizer.eos_token_id]
     extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -36,7 +36,7 @@ class HFEngine:
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.eos_ids = end_token_ids(model, tokenizer)
+        self.eos_ids = _end_token_ids(model, tokenizer)
         # Our own config, swapped in during generate: transformers fills "unset" fields of a passed config
         # from model.generation_config, so a model default (top_k, repetition_penalty, ...) would otherwise
         # change the sampling distribution away from the one the loss scores (softmax(logits / T), top-p).
