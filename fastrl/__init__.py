@@ -19,10 +19,20 @@ _LAZY = {
     "grpo_loss": "fastrl.losses",
     "policy_loss": "fastrl.losses",
     "lm_body_and_head": "fastrl.losses",
+    "hidden_and_head": "fastrl.losses",
 }
 _SUBPACKAGES = ("kernels", "losses", "rewards", "trainer", "integrations")
 
-__all__ = ["token_logprobs", "GRPOLoss", "LossConfig", "LossOutput", "grpo_loss", "policy_loss", "lm_body_and_head"]
+__all__ = [
+    "token_logprobs",
+    "GRPOLoss",
+    "LossConfig",
+    "LossOutput",
+    "grpo_loss",
+    "policy_loss",
+    "lm_body_and_head",
+    "hidden_and_head",
+]
 
 
 def __getattr__(name: str):

@@ -2,6 +2,16 @@
 
 from .config import LossConfig
 from .grpo import GRPOLoss, grpo_loss
+from .hf import hidden_and_head, lm_body_and_head
 from .policy import METRIC_KEYS, LossOutput, policy_loss
 
-__all__ = ["METRIC_KEYS", "GRPOLoss", "LossConfig", "LossOutput", "grpo_loss", "policy_loss"]
+__all__ = [
+    "METRIC_KEYS",
+    "GRPOLoss",
+    "LossConfig",
+    "LossOutput",
+    "grpo_loss",
+    "hidden_and_head",
+    "lm_body_and_head",
+    "policy_loss",
+]

@@ -1,8 +1,9 @@
 """A thin GRPO trainer on the fused loss: `fastrl train --preset tiny` (CPU) or `--preset math-32k` (GPU).
 
-Stages live in their own modules (config, tasks, rollout, rewards, advantages, batching, update,
-distributed, checkpoint, metrics, trainer); see docs/trainer.md. Names below load lazily, so importing
-`fastrl.trainer.rewards` does not pull in transformers.
+One module per stage (config, tasks, rollout/, rewards, scoring, advantages, batching, update,
+distributed, checkpoint, metrics, tiny/), `build.py` and `stages.py` as the loop's steps, `trainer.py` the
+loop; see docs/trainer.md. Names below load lazily, so importing `fastrl.trainer.rewards` does not pull
+in transformers.
 """
 
 import importlib

@@ -1,4 +1,4 @@
-"""Group-relative advantages (GRPO, SPEC §4) and zero-variance group filtering.
+"""Group-relative advantages (GRPO, docs/math.md §4) and zero-variance group filtering.
 
     A_i = (R_i - mean_g R) / (std_g R + eps)          scale="std"        (GRPO / DeepSeekMath)
     A_i = (R_i - mean_g R) / (std_batch R + eps)      scale="batch-std"  (one scale for the whole batch)

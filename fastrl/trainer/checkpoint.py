@@ -18,18 +18,18 @@ from . import distributed as dist_utils
 PREFIX = "step-"
 
 
-def checkpoint_dir(output_dir: str) -> str:
+def _checkpoint_dir(output_dir: str) -> str:
     return os.path.join(output_dir, "checkpoints")
 
 
-def rng_state() -> dict:
+def _rng_state() -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
@@ -46,7 +46,7 @@ def _fsync_dir(path: str) -> None:
 
 def save_checkpoint(output_dir: str, step: int, model, optimizer, scheduler, extra: dict, keep: int = 2) -> str:
     """Write checkpoint `step` (every rank calls this; rank 0 writes the shared state). Returns its path."""
-    root = checkpoint_dir(output_dir)
+    root = _checkpoint_dir(output_dir)
     final = os.path.join(root, f"{PREFIX}{step:08d}")
     tmp = os.path.join(root, f".tmp-{PREFIX}{step:08d}")
     if dist_utils.rank() == 0:
@@ -54,7 +54,7 @@ def save_checkpoint(output_dir: str, step: int, model, optimizer, scheduler, ext
         shutil.rmtree(tmp, ignore_errors=True)  # leftover of a run killed while saving
         os.makedirs(tmp)
     dist_utils.barrier()
-    torch.save(rng_state(), os.path.join(tmp, f"rng-rank{dist_utils.rank()}.pt"))
+    torch.save(_rng_state(), os.path.join(tmp, f"rng-rank{dist_utils.rank()}.pt"))
     if dist_utils.rank() == 0:
         state = {
             "step": step,
@@ -81,7 +81,7 @@ def save_checkpoint(output_dir: str, step: int, model, optimizer, scheduler, ext
 
 def list_checkpoints(output_dir: str) -> list[str]:
     """Complete checkpoints, oldest first (temporary directories are never listed)."""
-    root = checkpoint_dir(output_dir)
+    root = _checkpoint_dir(output_dir)
     if not os.path.isdir(root):
         return []
     names = [n for n in os.listdir(root) if n.startswith(PREFIX) and n[len(PREFIX) :].isdigit()]
@@ -101,5 +101,5 @@ def load_checkpoint(path: str, model, optimizer, scheduler) -> dict:
     scheduler.load_state_dict(state.pop("scheduler"))
     rng_file = os.path.join(path, f"rng-rank{dist_utils.rank()}.pt")
     if os.path.exists(rng_file):
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        _set_rng_state(torch.load(rng_file, weights_only=False))
     return state

@@ -6,23 +6,25 @@
     torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k \
         --model deepseek-ai/DeepSeek-R1-Distill-Qwen-7B
 
-Every field of `TrainConfig` is a flag (`--field-name value`; booleans also as `--flag` / `--no-flag`;
-tuples comma-separated). Precedence: defaults < --preset < --config file < flags.
+Every field of `TrainConfig` and every knob of its `LossConfig` is a flag (`--field-name value`;
+booleans also as `--flag` / `--no-flag`; tuples comma-separated).
+Precedence: defaults < --preset < --config file < flags.
 """
 
 import argparse
-import dataclasses
 import inspect
 import json
 import re
 import sys
 
-from .config import PRESETS, TrainConfig, config_to_dict, make_config
+from fastrl.losses import LossConfig
+
+from .config import PRESETS, TrainConfig, config_fields, config_to_dict, make_config
 
 
 def _field_help() -> dict:
-    """The one-line comment after each config field, as its --help text."""
-    src = inspect.getsource(TrainConfig)
+    """The one-line comment after each config field (the trainer's and the loss's), as its --help text."""
+    src = inspect.getsource(LossConfig) + inspect.getsource(TrainConfig)
     return {m.group(1): m.group(2) for m in re.finditer(r"^\s+(\w+): [^=]+=.*?#\s*(.+)$", src, re.MULTILINE)}
 
 
@@ -36,12 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", help="YAML or JSON file of config fields")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     helps = _field_help()
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, bool):
-            train.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, help=helps.get(f.name))
+    for name, default in config_fields().items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            train.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=helps.get(name))
         else:
-            train.add_argument(flag, dest=f.name, metavar=f.name.upper(), help=helps.get(f.name))
+            train.add_argument(flag, dest=name, metavar=name.upper(), help=helps.get(name))
     return parser
 
 
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         config, flags = parse_config(argv)
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         print(f"fastrl: error: {e}", file=sys.stderr)
         return 2
     if flags["print_config"]:

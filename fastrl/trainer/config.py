@@ -1,11 +1,18 @@
 """The trainer's one configuration object, its presets, and loading from YAML/JSON files and CLI flags.
 
 Precedence: dataclass defaults < preset < config file < command-line flags.
+
+`TrainConfig.loss` is the `fastrl.LossConfig` the update uses; its knobs are declared there only. Files,
+flags and `config_to_dict` spell them flat (`eps_low: 0.28`, `--eps-low 0.28`), next to the trainer's own
+fields. The loss's `temperature` and `max_completion_length` are the sampler's (`temperature`,
+`max_completion_length` below): the loss must score the distribution the completions were drawn from.
 """
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from fastrl.losses import LossConfig
 
 ADVANTAGE_SCALES = ("std", "batch-std", "none")
 ENGINES = ("auto", "hf", "vllm")
@@ -46,16 +53,8 @@ class TrainConfig:
     mask_truncated: bool = False  # drop completions that hit max_completion_length from the loss
     advantage_scale: str = "std"  # "std" (GRPO), "batch-std", or "none" (Dr. GRPO)
     filter_zero_std: bool = False  # drop groups whose rewards are all equal (no signal)
-    # --- loss (fastrl.LossConfig) ---
-    loss_agg: str = "token-mean"  # token-mean / seq-mean-token-mean / seq-mean-token-sum(-norm) or TRL names
-    eps_low: float = 0.2  # lower clip range of the ratio
-    eps_high: float = 0.2  # upper clip range (DAPO clip-higher: raise it)
-    dual_clip: float | None = None  # dual-clip constant c > 1 for negative advantages
-    beta: float = 0.0  # KL coefficient to the reference model (0 = no reference model)
-    kl: str = "k3"  # KL estimator: k1, k2, k3
-    entropy_coef: float = 0.0  # entropy bonus
-    ratio_level: str = "token"  # "token" (GRPO) or "sequence" (GSPO)
-    is_cap: float | None = None  # cap of the rollout-engine importance weight (None = no correction)
+    # --- loss ---
+    loss: LossConfig = field(default_factory=LossConfig)  # policy-loss knobs; flat flags: --loss-agg, --eps-low, ...
     impl: str = "auto"  # log-prob kernel: auto / triton / torch
     # --- update ---
     ppo_epochs: int = 1  # passes over each rollout batch
@@ -84,6 +83,8 @@ class TrainConfig:
     device: str = "auto"  # auto / cpu / cuda
 
     def __post_init__(self):
+        if not isinstance(self.loss, LossConfig):
+            raise TypeError(f"loss must be a fastrl.LossConfig, got {type(self.loss).__name__}")
         checks = [
             ("advantage_scale", ADVANTAGE_SCALES),
             ("engine", ENGINES),
@@ -113,11 +114,32 @@ class TrainConfig:
                 float(weight or 1.0)
             except ValueError:
                 raise ValueError(f"reward spec {spec!r} must be 'name' or 'name:weight'") from None
+        for name in SAMPLER_KNOBS:
+            given, ours, default = getattr(self.loss, name), getattr(self, name), _LOSS_DEFAULTS[name]
+            if given not in (default, ours):
+                raise ValueError(
+                    f"loss.{name}={given!r} disagrees with {name}={ours!r}: the loss uses the sampler's value; "
+                    f"set {name} instead"
+                )
+        object.__setattr__(
+            self,
+            "loss",
+            dataclasses.replace(
+                self.loss, temperature=self.temperature, max_completion_length=self.max_completion_length
+            ),
+        )
 
     @property
     def needs_old_logprobs(self) -> bool:
         """A rollout batch feeds several optimizer steps, so the ratio needs the pre-update log-probs."""
         return self.ppo_epochs * self.minibatches > 1
+
+
+# LossConfig fields that are sampler settings of the trainer (declared above, copied into `loss`)
+SAMPLER_KNOBS = ("temperature", "max_completion_length")
+_LOSS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LossConfig)}
+# the loss knobs a file or flag sets directly, in LossConfig's order
+LOSS_KNOBS = tuple(name for name in _LOSS_DEFAULTS if name not in SAMPLER_KNOBS)
 
 
 PRESETS = {
@@ -210,12 +232,48 @@ def make_config(preset: str | None = None, file: str | None = None, **overrides)
             raise ValueError(f"{file} must hold a mapping of config fields, got {type(loaded).__name__}")
         values.update({k.replace("-", "_"): v for k, v in loaded.items()})
     values.update(overrides)
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(values) - set(defaults))
+    return _build(values)
+
+
+def _build(values: dict) -> TrainConfig:
+    """A TrainConfig from flat values: trainer fields, plus loss knobs (or `loss` as a mapping/LossConfig)."""
+    values = dict(values)
+    loss = values.pop("loss", None)
+    base = loss if isinstance(loss, LossConfig) else None  # TrainConfig checks its sampler knobs
+    loss = {} if base is not None else loss
+    if loss is not None and not isinstance(loss, dict):
+        raise ValueError(f"loss must be a mapping of loss knobs or a LossConfig, got {type(loss).__name__}")
+    loss_values = {k.replace("-", "_"): v for k, v in (loss or {}).items()}
+    loss_values.update({k: values.pop(k) for k in LOSS_KNOBS if k in values})
+    trainer_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name != "loss"}
+    unknown = sorted((set(values) - set(trainer_defaults)) | (set(loss_values) - set(LOSS_KNOBS)))
     if unknown:
         raise ValueError(f"unknown config field(s) {unknown}")
-    return TrainConfig(**{k: _coerce(k, v, defaults[k]) for k, v in values.items()})
+    trainer_values = {k: _coerce(k, v, trainer_defaults[k]) for k, v in values.items()}
+    sampler = {k: trainer_values.get(k, trainer_defaults[k]) for k in SAMPLER_KNOBS}
+    loss_values = {k: _coerce(k, v, _LOSS_DEFAULTS[k]) for k, v in loss_values.items()}
+    if base is not None:
+        return TrainConfig(**trainer_values, loss=dataclasses.replace(base, **loss_values))
+    return TrainConfig(**trainer_values, loss=LossConfig(**loss_values, **sampler))
+
+
+def config_fields() -> dict:
+    """Every flat config key and its default, in the order `config_to_dict` writes them."""
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "loss":
+            out.update({k: _LOSS_DEFAULTS[k] for k in LOSS_KNOBS})
+        else:
+            out[f.name] = f.default
+    return out
 
 
 def config_to_dict(config: TrainConfig) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+    """The flat form of a config (the keys files and flags use): loss knobs sit among the trainer's fields."""
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "loss":
+            out.update({k: getattr(config.loss, k) for k in LOSS_KNOBS})
+        else:
+            out[f.name] = getattr(config, f.name)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}

@@ -2,7 +2,8 @@
 
 Every source yields `Problem(prompt, answer)`: `prompt` is the raw question text, `answer` the gold answer
 the accuracy reward compares against. `PromptStream` turns a list of problems into an endless, seeded,
-resumable sequence of batches (its `position` is saved in checkpoints).
+resumable sequence of batches (its `position` is saved in checkpoints). The tiny task's warm-up
+demonstrations live in `tiny/warmup.py`.
 """
 
 import json
@@ -26,27 +27,6 @@ def arithmetic_problems(n: int, max_operand: int, seed: int) -> list[Problem]:
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
         out.append(Problem(f"{a}+{b}=", str(a + b)))
     return out
-
-
-def arithmetic_completion(prompt: str, answer: str) -> str:
-    """The tiny task's completion: a reasoning block restating the sum, then the boxed answer.
-
-    It satisfies `format_reward` (non-empty `<think>` block, then `\\boxed{}`) in 8-9 tokens.
-    """
-    return f"<think>{prompt.rstrip('=')}</think>\\boxed{{{answer}}}"
-
-
-def noisy_demonstration(problem: Problem, rng: random.Random, noise: float) -> str:
-    """A warm-up target that is right with probability 1 - noise, else a plausible slip (off by 1 or 10).
-
-    Warming up on these leaves the model with a *partial* skill: it knows the format and puts some of its
-    probability on the right sum, but samples a near miss most of the time. Only the reward tells the
-    samples apart, which is what GRPO has to learn from.
-    """
-    answer = int(problem.answer)
-    if rng.random() < noise:
-        answer = max(0, answer + rng.choice((-10, -1, 1, 10)))
-    return arithmetic_completion(problem.prompt, str(answer))
 
 
 def load_jsonl(path: str, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Problem]:

@@ -5,9 +5,9 @@ GLOBAL normalizer (tokens for token-mean, sequences otherwise), summed over micr
 gradient is then exact: each rank backpropagates its share and the gradients are SUM-all-reduced.
 
 The LM body runs on the (packed or padded) micro-batch; the hidden states that predict completion tokens
-are gathered into `[n_seq, max_completion, D]` and handed with `lm_head.weight` to `fastrl.grpo_loss`,
-which never builds the `[tokens, V]` logits. A tied embedding is the same Parameter as the head's weight,
-so autograd sums both of its gradients.
+are gathered into `[n_seq, max_completion, D]` and handed with the head's weight (`fastrl.lm_body_and_head`)
+to `fastrl.grpo_loss`, which never builds the `[tokens, V]` logits (docs/math.md §1-3). A tied embedding is
+the same Parameter as the head's weight, so autograd sums both of its gradients.
 """
 
 import math
@@ -16,7 +16,7 @@ from contextlib import nullcontext
 import torch
 
 from fastrl.kernels import token_logprobs
-from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss
+from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss, hidden_and_head, lm_body_and_head
 
 from . import distributed as dist_utils
 from .batching import Sample, collate, plan_microbatches
@@ -38,31 +38,21 @@ def supports_packing(model) -> bool:
     return hasattr(masking_utils, "find_packed_sequence_indices") and impl in ("sdpa", "eager")
 
 
-def body_and_head(model):
-    """The LM body (returns hidden states after the final norm) and the output projection."""
-    head = model.get_output_embeddings()
-    body = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, model.base_model_prefix)
-    if head is None or body is None:
-        raise ValueError(f"{type(model).__name__} has no separable body and lm_head")
-    return body, head
-
-
-def autocast_for(device: torch.device, bf16: bool):
+def _autocast(device: torch.device, bf16: bool):
     return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and device.type == "cuda" else nullcontext()
 
 
 def completion_hidden(model, mb: dict, bf16: bool) -> torch.Tensor:
     """`[n_seq, max_completion, D]` hidden states predicting each completion token of the micro-batch."""
-    body, _ = body_and_head(model)
     device = next(model.parameters()).device
-    with autocast_for(device, bf16):
-        out = body(
-            input_ids=mb["input_ids"].to(device),
-            position_ids=mb["position_ids"].to(device),
+    with _autocast(device, bf16):
+        hidden, _, _ = hidden_and_head(
+            model,
+            mb["input_ids"].to(device),
             attention_mask=None if mb["attention_mask"] is None else mb["attention_mask"].to(device),
+            position_ids=mb["position_ids"].to(device),
             use_cache=False,
         )
-    hidden = out.last_hidden_state
     if bf16 and device.type == "cuda":
         # the final norm may come back in fp32 (fp32 weight * bf16 activations); the fused loss runs the
         # head matmul in bf16 like an autocast Linear would (its statistics stay fp32)
@@ -71,8 +61,8 @@ def completion_hidden(model, mb: dict, bf16: bool) -> torch.Tensor:
 
 
 def head_params(model, dtype):
-    _, head = body_and_head(model)
-    weight, bias = head.weight, getattr(head, "bias", None)
+    """The LM head's weight and bias (`fastrl.lm_body_and_head`) in the hidden states' dtype."""
+    _, weight, bias = lm_body_and_head(model)
     # under autocast the body emits bf16; the kernel wants one dtype and accumulates in fp32 anyway
     return weight.to(dtype), None if bias is None else bias.to(dtype)
 
@@ -101,7 +91,7 @@ def sequence_logprobs(
     return out
 
 
-def global_normalizer(samples: list[Sample], loss_agg: str) -> float:
+def _global_normalizer(samples: list[Sample], loss_agg: str) -> float:
     """Tokens (token-mean) or sequences (seq-mean-*) that carry loss in this step, over all ranks."""
     live = [s for s in samples if s.loss_mask]
     local = sum(len(s.completion_ids) for s in live) if loss_agg == "token-mean" else len(live)
@@ -128,7 +118,7 @@ def train_step(
     must match).
     """
     model.zero_grad(set_to_none=True)
-    normalizer = global_normalizer(samples, loss_config.loss_agg)
+    normalizer = _global_normalizer(samples, loss_config.loss_agg)
     sums = dict.fromkeys(("loss", "num_tokens") + METRIC_KEYS, 0.0)
     for idx in plan_microbatches([len(s) for s in samples], budget, packed) if samples else []:
         mb = collate([samples[i] for i in idx], packed, pad_id)
@@ -180,10 +170,10 @@ def train_step(
     if not skipped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {**finalize_metrics(sums, grad_norm), "update_skipped": float(skipped)}
+    return {**_finalize_metrics(sums, grad_norm), "update_skipped": float(skipped)}
 
 
-def finalize_metrics(sums: dict, grad_norm: float) -> dict:
+def _finalize_metrics(sums: dict, grad_norm: float) -> dict:
     """All-reduce the step's sums (the same keys on every rank) into global means."""
     totals = dist_utils.all_reduce_sum_list([sums["loss"], sums["num_tokens"]] + [sums[k] for k in METRIC_KEYS])
     tokens = max(totals[1], 1.0)

@@ -97,7 +97,7 @@ def test_sigkill_then_resume_logs_every_step_once(tmp_path):
     done = subprocess.run(_cmd(ref), env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     for got, want in zip(rows, read_metrics(str(ref))):
-        for key in ("entropy", "response_length_mean", "reward_mean", "loss"):
+        for key in ("entropy_mean", "response_length_mean", "reward_mean", "loss"):
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (got["step"], key)
 
 

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
+from fastrl.losses import LossConfig
 from fastrl.trainer.cli import main, parse_config
-from fastrl.trainer.config import PRESETS, TrainConfig, make_config
+from fastrl.trainer.config import PRESETS, TrainConfig, config_to_dict, make_config
 from fastrl.trainer.tasks import PromptStream, arithmetic_problems, load_jsonl
 from fastrl.trainer.tiny import CharTokenizer
 
@@ -65,3 +66,37 @@ def test_cli_prints_config_and_rejects_bad_values(capsys):
     assert json.loads(capsys.readouterr().out)["max_completion_length"] == 32768
     assert main(["train", "--preset", "tiny", "--lr", "fast"]) == 2
     assert "'fast'" in capsys.readouterr().err
+
+
+def test_train_config_holds_one_loss_config(tmp_path):
+    cfg = make_config("math-32k", beta=0.04, kl="k1", temperature=0.7)
+    assert isinstance(cfg.loss, LossConfig) and not hasattr(cfg, "eps_high")
+    assert (cfg.loss.eps_high, cfg.loss.beta, cfg.loss.kl) == (0.28, 0.04, "k1")  # preset, then overrides
+    assert (cfg.loss.temperature, cfg.loss.max_completion_length) == (0.7, 32768)  # the sampler's values
+    flat = config_to_dict(cfg)
+    assert "loss" not in flat and (flat["eps_high"], flat["beta"], flat["temperature"]) == (0.28, 0.04, 0.7)
+    assert make_config(**flat) == cfg  # the flat form round-trips
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("loss:\n  eps_low: 0.1\n  loss_agg: dr_grpo\neps_high: 0.3\n")
+    cfg, _ = parse_config(["train", "--config", str(cfg_file), "--beta", "0.2", "--is-cap", "2"])
+    assert (cfg.loss.eps_low, cfg.loss.eps_high, cfg.loss.beta, cfg.loss.is_cap) == (0.1, 0.3, 0.2, 2.0)
+    assert (
+        cfg.loss.loss_agg == "seq-mean-token-sum-norm" and cfg.loss.max_completion_length == cfg.max_completion_length
+    )
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(eps_low=1.5), "eps_low must be < 1"),
+        (dict(kl="k9"), "'k9'"),
+        (dict(loss={"bogus_knob": 1}), "bogus_knob"),
+        (
+            dict(loss=LossConfig(temperature=0.5), temperature=0.9),
+            "loss.temperature=0.5 disagrees with temperature=0.9",
+        ),
+    ],
+)
+def test_bad_loss_knobs_raise_when_the_config_is_built(kw, match):
+    with pytest.raises(ValueError, match=match):
+        make_config(**kw)

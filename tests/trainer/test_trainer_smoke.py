@@ -8,7 +8,7 @@ from fastrl.trainer.trainer import train
 
 REQUIRED = (
     "step", "reward_correct_mean", "reward_accuracy_mean", "reward_format_mean", "reward_std", "frac_zero_std_groups",
-    "loss", "kl", "clip_frac_low", "clip_frac_high", "entropy", "response_length_mean", "response_length_max",
+    "loss", "kl_mean", "clip_frac_low", "clip_frac_high", "entropy_mean", "response_length_mean", "response_length_max",
     "truncation_rate", "tokens_per_s", "elapsed_s",
 )  # fmt: skip
 
@@ -23,7 +23,7 @@ def test_tiny_loop_logs_every_metric(tmp_path):
         missing = [k for k in REQUIRED if k not in r]
         assert not missing, missing
         assert 0.0 <= r["reward_correct_mean"] <= 1.0 and 0.0 <= r["frac_zero_std_groups"] <= 1.0
-        assert r["entropy"] > 0 and r["tokens_per_s"] > 0 and r["response_length_max"] >= r["response_length_mean"]
+        assert r["entropy_mean"] > 0 and r["tokens_per_s"] > 0 and r["response_length_max"] >= r["response_length_mean"]
     assert (tmp_path / "checkpoints" / "step-00000003" / "state.pt").exists()  # the final checkpoint
 
 
@@ -46,6 +46,6 @@ def test_loop_options(tmp_path, options):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     if options.get("beta"):
         # old log-probs make the second minibatch's ratio differ from 1; the reference gives a KL
-        assert any(r["kl"] > 0 for r in rows[1:])
+        assert any(r["kl_mean"] > 0 for r in rows[1:])
     if options.get("mask_truncated"):
         assert all(r["truncation_rate"] >= 0 for r in rows)

@@ -3,7 +3,7 @@
 Written against vLLM's documented Python API (`LLM(..., enable_sleep_mode=True)`, `LLM.sleep(level=1)`,
 `LLM.wake_up(tags=[...])`, `SamplingParams(n=..., logprobs=0)`, `LLM.apply_model` / in-process model
 access for weight loading). NOT EXERCISED in this repository's CI: vLLM does not install on the CPU
-machines the tests run on. The HF engine in `rollout.py` implements the same interface and is tested.
+machines the tests run on. The HF engine in `hf_engine.py` implements the same interface and is tested.
 The sampled-token log-probs are vLLM's defaults (raw model log-probs in older versions): they match the
 trainer's only at temperature 1 and top_p 1, which the `is_cap` correction assumes.
 
@@ -14,7 +14,7 @@ wake the KV cache) -> `generate` ...
 
 import os
 
-from .rollout import Completion
+from .engine import Completion
 
 
 class VLLMEngine:

@@ -1,35 +1,9 @@
-"""Rollouts: sample G completions per prompt. The engine interface, and the Hugging Face `generate` engine.
-
-An engine takes tokenized prompts and returns, per completion, its token ids (up to and including EOS),
-whether it was cut at `max_completion_length`, and optionally the sampler's log-probability of each
-sampled token (used for the rollout/trainer mismatch correction, `is_cap`). The vLLM engine lives in
-`rollout_vllm.py` behind the same interface.
-"""
-
-from dataclasses import dataclass
+"""The Hugging Face `generate` engine: samples with the training model itself (CPU, or GPU without vLLM)."""
 
 import torch
 from transformers import GenerationConfig
 
-
-@dataclass
-class Completion:
-    prompt_ids: list[int]
-    completion_ids: list[int]  # ends with EOS unless truncated
-    truncated: bool  # hit max_completion_length before EOS
-    logprobs: list[float] | None = None  # sampler's log-prob of each completion token
-
-
-def build_prompt(tokenizer, question: str, template: str, chat: bool, max_length: int) -> list[int]:
-    """Token ids of one prompt: the template filled with the question, optionally in the chat template."""
-    text = template.format(prompt=question)
-    if chat:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        if hasattr(ids, "input_ids"):  # some versions return a BatchEncoding
-            ids = ids["input_ids"]
-    else:
-        ids = tokenizer.encode(text, add_special_tokens=True)
-    return list(ids)[-max_length:]
+from .engine import Completion
 
 
 def trim_completion(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
@@ -43,7 +17,7 @@ def trim_completion(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]
     return ids, True
 
 
-def end_token_ids(model, tokenizer) -> list[int]:
+def _end_token_ids(model, tokenizer) -> list[int]:
     """The tokenizer's EOS plus the model's generation-config end tokens (chat models end turns differently)."""
     ids = [tokenizer.eos_token_id]
     extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -62,7 +36,7 @@ class HFEngine:
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.eos_ids = end_token_ids(model, tokenizer)
+        self.eos_ids = _end_token_ids(model, tokenizer)
         # Our own config, swapped in during generate: transformers fills "unset" fields of a passed config
         # from model.generation_config, so a model default (top_k, repetition_penalty, ...) would otherwise
         # change the sampling distribution away from the one the loss scores (softmax(logits / T), top-p).
@@ -114,23 +88,3 @@ class HFEngine:
 
     def sync_weights(self, model) -> None:
         """Nothing to do: this engine samples from the training model itself."""
-
-
-def make_engine(name: str, model, tokenizer, config):
-    """The rollout engine for `config.engine` ("auto" picks vLLM when installed and on CUDA)."""
-    if name == "auto":
-        name = "hf"
-        if torch.cuda.is_available() and next(model.parameters()).is_cuda:
-            try:
-                import vllm  # noqa: F401
-
-                name = "vllm"
-            except ImportError:
-                pass
-    if name == "vllm":
-        from .rollout_vllm import VLLMEngine
-
-        return VLLMEngine(config, tokenizer)
-    if name == "hf":
-        return HFEngine(model, tokenizer, config.max_completion_length, config.temperature, config.top_p)
-    raise ValueError(f"unknown rollout engine {name!r}; use 'auto', 'hf' or 'vllm'")

@@ -1,0 +1,125 @@
+"""Hugging Face causal LMs as inputs to the fused loss: the body that stops before the head, and the head.
+
+`grpo_loss` wants the final-normed hidden states and the LM-head weight (docs/math.md §1, §5), so the
+`[tokens, V]` logits are never built. `lm_body_and_head` finds both on a `*ForCausalLM` model;
+`hidden_and_head` also runs the body. Duck-typed: transformers is not imported here.
+
+    hidden, weight, bias = hidden_and_head(model, input_ids, attention_mask=attention_mask)
+    out = grpo_loss(hidden[:, P - 1 : -1], weight, input_ids[:, P:], mask, advantages, bias=bias, ...)
+
+Tied embeddings need nothing special: the head's weight IS the input embedding's Parameter, so autograd
+adds both gradients. Models that multiply their logits by a constant get that constant folded into the
+returned weight and bias (exact: the scaled logits are `hidden @ (s W)^T + s b`). Models whose logits
+go through a non-linear soft-cap (Gemma 2/3) are refused: the fused log-softmax has no tanh in it.
+"""
+
+import numbers
+
+import torch
+
+# config.model_type -> how the model applies `config.logits_scaling` to its logits (the same field name
+# means opposite things in different families, so an unknown family is refused, not guessed).
+_LOGITS_SCALING = {
+    "granite": "divide",
+    "granitemoe": "divide",
+    "granitemoeshared": "divide",
+    "granitemoehybrid": "divide",
+    "hyperclovax": "multiply",
+}
+
+
+def _text_config(model):
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        return config.get_text_config()
+    return config
+
+
+def _logit_scale(model) -> float:
+    """The constant the model multiplies its logits by after the head (1.0 for most models)."""
+    config = _text_config(model)
+    softcap = getattr(config, "final_logit_softcapping", None)
+    if softcap is not None:
+        raise ValueError(
+            f"{type(model).__name__} soft-caps its logits (final_logit_softcapping={softcap}): cap * tanh(z / cap) "
+            "is not a linear head, so the fused log-probs would differ from the model's; not supported"
+        )
+    scale = 1.0
+    cohere = getattr(model, "logit_scale", None)  # Cohere: logits * logit_scale
+    if cohere is not None:
+        if isinstance(cohere, bool) or not isinstance(cohere, numbers.Real):
+            raise ValueError(f"{type(model).__name__}.logit_scale must be a number, got {cohere!r}")
+        scale *= float(cohere)
+    falcon = getattr(getattr(model, "model", None), "lm_head_multiplier", None)  # Falcon-H1
+    if isinstance(falcon, numbers.Real) and not isinstance(falcon, bool):
+        scale *= float(falcon)
+    value = getattr(config, "logits_scaling", None)
+    if value is not None and value != 1:
+        kind = _LOGITS_SCALING.get(getattr(config, "model_type", None))
+        if kind is None:
+            raise ValueError(
+                f"{type(model).__name__} has config.logits_scaling={value} and model_type="
+                f"{getattr(config, 'model_type', None)!r}: whether it multiplies or divides the logits is not "
+                "known for this model family; not supported"
+            )
+        scale *= float(value) if kind == "multiply" else 1.0 / float(value)
+    if not (scale > 0 and scale != float("inf")):
+        raise ValueError(f"{type(model).__name__}: logit scale must be finite and > 0, got {scale}")
+    return scale
+
+
+def lm_body_and_head(model) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor | None]:
+    """The body and head of a Hugging Face causal LM, for `grpo_loss` / `token_logprobs`.
+
+    Args:
+        model: a `*ForCausalLM`-style module: `get_output_embeddings()` (or `lm_head`) is the head and
+            `get_decoder()` (or the `base_model_prefix` attribute) the body, whose output's
+            `last_hidden_state` is the hidden state after the final norm.
+
+    Returns:
+        (body, weight `[V, D]`, bias `[V]` or None) such that `hidden @ weight.T + bias` are exactly the
+        model's logits. Without a logit scale, `weight` and `bias` are the head's own Parameters (tied
+        embeddings included); with one, a differentiable product of them.
+
+    Raises:
+        ValueError: no separable body and linear head, or a logit transform that is not a constant scale.
+    """
+    name = type(model).__name__
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        head = getattr(model, "lm_head", None)
+    body = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if body is None or body is model:
+        body = getattr(model, getattr(model, "base_model_prefix", "") or "model", None)
+    if head is None or body is None or body is model:
+        raise ValueError(f"{name} has no separable LM body and head (get_decoder() / get_output_embeddings())")
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"{name}'s head {type(head).__name__} has no [V, D] weight; got {type(weight).__name__}")
+    bias = getattr(head, "bias", None)
+    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (weight.shape[0],)):
+        raise ValueError(f"{name}'s head bias must be a [{weight.shape[0]}] tensor or None, got {bias!r}")
+    scale = _logit_scale(model)
+    if scale != 1.0:
+        weight = weight * scale
+        bias = None if bias is None else bias * scale
+    return body, weight, bias
+
+
+def hidden_and_head(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **body_kwargs):
+    """Run the body of a causal LM; return its final-normed hidden states and the head.
+
+    Args:
+        model: as for `lm_body_and_head`.
+        input_ids: `[B, T]` token ids. attention_mask: optional `[B, T]`.
+        **body_kwargs: passed to the body (e.g. `position_ids`, `use_cache=False`).
+
+    Returns:
+        (hidden `[B, T, D]`, weight `[V, D]`, bias `[V]` or None); position t of hidden predicts token t + 1.
+    """
+    body, weight, bias = lm_body_and_head(model)
+    out = body(input_ids=input_ids, attention_mask=attention_mask, **body_kwargs)
+    hidden = getattr(out, "last_hidden_state", None)
+    if hidden is None:
+        raise ValueError(f"the body of {type(model).__name__} returned no last_hidden_state")
+    return hidden, weight, bias

@@ -1,0 +1,154 @@
+"""Building a run: device and process group, model and tokenizer, data, warm-up, reference model,
+optimizer and schedule, and what a checkpoint restores. `start_run` does it all in the order the seeds
+expect, so a run is reproducible from `config.seed` alone.
+"""
+
+import copy
+import math
+import os
+import random
+from dataclasses import dataclass
+
+import torch
+
+from . import distributed as dist_utils
+from .checkpoint import latest_checkpoint, load_checkpoint
+from .config import TrainConfig
+from .rewards import accuracy_reward, combine_rewards, format_reward
+from .tasks import PromptStream, load_problems
+from .tiny import CharTokenizer, sft_warmup, tiny_model
+from .update import supports_packing
+
+REWARD_FNS = {"accuracy": accuracy_reward, "format": format_reward}
+
+
+@dataclass
+class Run:
+    """What the loop carries from step to step."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    ref_model: torch.nn.Module | None  # frozen policy of the start (beta > 0), else None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    stream: PromptStream
+    packed: bool  # padding-free packed micro-batches
+    rank: int
+    own_group: bool  # this process created the process group (and destroys it at the end)
+    resumed: bool = False
+    step: int = 0  # optimizer steps taken
+    elapsed_before: float = 0.0  # training seconds of the runs this one resumes
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device(name)
+
+
+def build_model(config: TrainConfig, device: torch.device):
+    """(model, tokenizer): the built-in tiny pair, or a Hugging Face causal LM and its tokenizer."""
+    if config.model == "tiny":
+        tokenizer = CharTokenizer()
+        max_len = config.max_prompt_length + config.max_completion_length
+        model = tiny_model(
+            len(tokenizer), config.tiny_hidden_size, config.tiny_layers, max_len=min(max_len, 4096), seed=config.seed
+        )
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        attn = "sdpa"
+        if device.type == "cuda":
+            try:
+                import flash_attn  # noqa: F401
+
+                attn = "flash_attention_2"  # varlen kernels: padding-free packing
+            except ImportError:
+                pass
+        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32, attn_implementation=attn)
+    model.to(device)
+    if config.gradient_checkpointing:
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model, tokenizer
+
+
+def build_reward(config: TrainConfig):
+    """The weighted sum of the `config.rewards` terms ("name:weight")."""
+    terms = []
+    for spec in config.rewards:
+        name, _, weight = spec.partition(":")
+        if name not in REWARD_FNS:
+            raise ValueError(f"unknown reward {name!r} in {spec!r}; known: {sorted(REWARD_FNS)}")
+        terms.append((name, REWARD_FNS[name], float(weight or 1.0)))
+    return combine_rewards(terms)
+
+
+def make_scheduler(optimizer, config: TrainConfig):
+    """Linear warm-up over `lr_warmup_steps`, then constant, cosine or linear decay to `max_steps`."""
+    warm, total = config.lr_warmup_steps, config.max_steps
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        frac = (step - warm) / max(1, total - warm)
+        if config.lr_schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+        if config.lr_schedule == "linear":
+            return max(0.0, 1 - frac)
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def start_run(config: TrainConfig) -> Run:
+    """Everything before the first rollout; resumes from the latest checkpoint when `config.resume`."""
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    device = resolve_device(config.device)
+    own_group = dist_utils.init_from_env(device.type)
+    rank, world = dist_utils.rank(), dist_utils.world_size()
+    if (config.prompts_per_step // world) % config.minibatches or config.prompts_per_step % world:
+        raise ValueError(
+            f"prompts_per_step={config.prompts_per_step} must split evenly over {world} ranks and then "
+            f"into minibatches={config.minibatches}"
+        )
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    model, tokenizer = build_model(config, device)
+    packed = config.packing == "on" or (config.packing == "auto" and supports_packing(model))
+    problems = load_problems(
+        config.dataset,
+        config.seed,
+        split=config.dataset_split,
+        prompt_key=config.prompt_key,
+        answer_key=config.answer_key,
+    )
+    resume_from = latest_checkpoint(config.output_dir) if config.resume else None
+    if config.warmup_sft_steps and resume_from is None:
+        sft_warmup(model, tokenizer, problems, config, packed, progress=config.progress and rank == 0)
+    ref_model = None
+    if config.loss.beta > 0:  # the policy as GRPO starts (after any warm-up); frozen
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, config.adam_beta2)
+    )
+    run = Run(model, tokenizer, ref_model, optimizer, make_scheduler(optimizer, config),
+              PromptStream(problems, config.seed), packed, rank, own_group)  # fmt: skip
+    if resume_from is None:
+        torch.manual_seed(config.seed * 7919 + rank)  # ranks sample differently
+        return run
+    state = load_checkpoint(resume_from, model, optimizer, run.scheduler)
+    run.resumed, run.step, run.stream.position = True, state["step"], state["data_position"]
+    run.elapsed_before = state.get("elapsed_s", 0.0)
+    if ref_model is not None and "ref_model" in state:
+        ref_model.load_state_dict(state["ref_model"])
+    return run

@@ -1,0 +1,32 @@
+"""Rollouts: sample G completions per prompt with the Hugging Face engine or a colocated vLLM engine.
+
+`engine.py` holds the interface (`Completion`, `RolloutEngine`) and prompt building, `hf_engine.py` the
+`model.generate` engine, `vllm_engine.py` the vLLM one (imported only when chosen).
+"""
+
+import torch
+
+from .engine import Completion, RolloutEngine, build_prompt
+from .hf_engine import HFEngine, trim_completion
+
+__all__ = ["Completion", "HFEngine", "RolloutEngine", "build_prompt", "make_engine", "trim_completion"]
+
+
+def make_engine(name: str, model, tokenizer, config) -> RolloutEngine:
+    """The rollout engine for `config.engine` ("auto" picks vLLM when installed and on CUDA)."""
+    if name == "auto":
+        name = "hf"
+        if torch.cuda.is_available() and next(model.parameters()).is_cuda:
+            try:
+                import vllm  # noqa: F401
+
+                name = "vllm"
+            except ImportError:
+                pass
+    if name == "vllm":
+        from .vllm_engine import VLLMEngine
+
+        return VLLMEngine(config, tokenizer)
+    if name == "hf":
+        return HFEngine(model, tokenizer, config.max_completion_length, config.temperature, config.top_p)
+    raise ValueError(f"unknown rollout engine {name!r}; use 'auto', 'hf' or 'vllm'")

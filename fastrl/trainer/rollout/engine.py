@@ -1,0 +1,39 @@
+"""The rollout engine interface: what every sampler returns, and how a prompt becomes token ids.
+
+An engine takes tokenized prompts and returns, per completion, its token ids (up to and including EOS),
+whether it was cut at `max_completion_length`, and optionally the sampler's log-probability of each
+sampled token (used for the rollout/trainer mismatch correction `is_cap`, docs/math.md §2).
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    completion_ids: list[int]  # ends with EOS unless truncated
+    truncated: bool  # hit max_completion_length before EOS
+    logprobs: list[float] | None = None  # sampler's log-prob of each completion token
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], n: int, want_logprobs: bool = False) -> list[Completion]:
+        """`n` samples for each prompt, grouped: completions [i*n : (i+1)*n] belong to prompts[i]."""
+        ...
+
+    def sync_weights(self, model) -> None:
+        """Make the engine sample from `model`'s current weights."""
+        ...
+
+
+def build_prompt(tokenizer, question: str, template: str, chat: bool, max_length: int) -> list[int]:
+    """Token ids of one prompt: the template filled with the question, optionally in the chat template."""
+    text = template.format(prompt=question)
+    if chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        if hasattr(ids, "input_ids"):  # some versions return a BatchEncoding
+            ids = ids["input_ids"]
+    else:
+        ids = tokenizer.encode(text, add_special_tokens=True)
+    return list(ids)[-max_length:]

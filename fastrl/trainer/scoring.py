@@ -1,0 +1,113 @@
+"""Scoring a rollout batch: rewards -> shaping -> advantages -> samples, and the batch's metric sums.
+
+Pure functions of the completions and the config (docs/math.md §4): no model, no sampling, no process
+group. The rollout stage (`stages.collect`) calls them in order and does the cross-rank sums in between:
+
+    scores = score(reward, texts, golds, lengths, config)
+    batch_std = std_from_moments(*all_reduce(reward_moments(scores.total)))   # only for "batch-std"
+    adv, flat = advantages(scores.total, config, batch_std)
+    samples = to_samples(completions, adv, flat, config)
+    metrics = rollout_metrics(all_reduce(rollout_sums(...)), all_reduce_max(max length))
+
+Completions arrive grouped: rows [g*G, (g+1)*G) are the G samples of prompt g.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .advantages import group_advantages, zero_std_groups
+from .batching import Sample
+from .rewards import batch_accuracy_reward, length_penalty, overlong_penalty
+
+
+@dataclass(frozen=True)
+class Scores:
+    total: torch.Tensor  # [N] float64: the combined reward plus any length / overlong shaping
+    correct: list[float]  # [N] the accuracy reward (0 or 1), also when accuracy is not a reward term
+    per_fn: dict[str, list[float]]  # reward name -> [N] unweighted values of that term
+
+
+def shaped_rewards(scores, correct: list[float], lengths: list[int], config) -> torch.Tensor:
+    """The combined reward plus the optional length (Kimi k1.5, per group) and overlong (DAPO) terms."""
+    G = config.group_size
+    total = torch.tensor(scores.total, dtype=torch.float64)
+    if config.length_penalty:
+        for start in range(0, len(lengths), G):
+            sl = slice(start, start + G)
+            pen = length_penalty(lengths[sl], [c > 0.5 for c in correct[sl]])
+            total[sl] += config.length_penalty * torch.tensor(pen, dtype=torch.float64)
+    if config.overlong_buffer:
+        pen = [overlong_penalty(n, config.max_completion_length, config.overlong_buffer) for n in lengths]
+        total += torch.tensor(pen, dtype=torch.float64)
+    return total
+
+
+def score(reward, texts: list[str], golds: list[str], lengths: list[int], config) -> Scores:
+    """Score N = groups * G completion texts against their gold answers; `lengths` are their token counts."""
+    if not len(texts) == len(golds) == len(lengths):
+        raise ValueError(f"{len(texts)} texts, {len(golds)} gold answers and {len(lengths)} lengths must match")
+    if len(texts) % config.group_size:
+        raise ValueError(f"{len(texts)} completions do not split into groups of {config.group_size}")
+    scores = reward.score(texts, golds)
+    correct = scores.per_fn["accuracy"] if "accuracy" in scores.per_fn else batch_accuracy_reward(texts, golds)
+    total = shaped_rewards(scores, correct, lengths, config)
+    return Scores(total, list(correct), dict(scores.per_fn))
+
+
+def reward_moments(total: torch.Tensor) -> list[float]:
+    """[count, sum, sum of squares] of the rewards: what ranks add up for the batch std."""
+    return [total.numel(), float(total.sum()), float((total**2).sum())]
+
+
+def std_from_moments(n: float, s: float, s2: float) -> float:
+    """The unbiased std of all rewards from their (global) count, sum and sum of squares."""
+    return math.sqrt(max(s2 - s * s / n, 0.0) / max(n - 1, 1))
+
+
+def advantages(total: torch.Tensor, config, batch_std: float | None = None) -> tuple[list[float], torch.Tensor]:
+    """Per-completion advantages `[N]` and the `[N // G]` bool mask of zero-variance groups."""
+    adv = group_advantages(total, config.group_size, config.advantage_scale, batch_std=batch_std).tolist()
+    return adv, zero_std_groups(total, config.group_size)
+
+
+def to_samples(completions, adv: list[float], flat: torch.Tensor, config) -> list[Sample]:
+    """Training samples: zero-variance groups dropped if `filter_zero_std`; truncated ones masked if asked."""
+    G = config.group_size
+    drop = flat.repeat_interleave(G).tolist() if config.filter_zero_std else [False] * len(completions)
+    return [
+        Sample(
+            c.prompt_ids, c.completion_ids, a, not (config.mask_truncated and c.truncated), rollout_logprobs=c.logprobs
+        )
+        for c, a, d in zip(completions, adv, drop)
+        if not d
+    ]
+
+
+def rollout_sums(completions, prompt_lengths: list[int], scores: Scores, flat: torch.Tensor, config) -> dict:
+    """This rank's additive statistics of the batch; `rollout_metrics` turns their global sums into means."""
+    lengths = [len(c.completion_ids) for c in completions]
+    return {
+        "n": len(completions), "reward": float(scores.total.sum()), "reward_sq": float((scores.total**2).sum()),
+        "correct": sum(scores.correct), "flat_groups": float(flat.sum()), "groups": len(prompt_lengths),
+        "length": sum(lengths), "truncated": sum(c.truncated for c in completions),
+        "prompt_tokens": sum(prompt_lengths) * config.group_size,
+        **{f"reward_{k}_mean": sum(v) for k, v in scores.per_fn.items()},
+    }  # fmt: skip
+
+
+def rollout_metrics(sums: dict, length_max: float) -> dict:
+    """The batch's logged rollout metrics from the (all-ranks) sums and the longest completion."""
+    n = sums["n"]
+    return {
+        "reward_mean": sums["reward"] / n,
+        "reward_std": math.sqrt(max(sums["reward_sq"] / n - (sums["reward"] / n) ** 2, 0.0)),
+        "reward_correct_mean": sums["correct"] / n,
+        "frac_zero_std_groups": sums["flat_groups"] / sums["groups"],
+        "response_length_mean": sums["length"] / n,
+        "response_length_max": length_max,
+        "truncation_rate": sums["truncated"] / n,
+        "rollout_tokens": sums["length"] + sums["prompt_tokens"],
+        **{k: v / n for k, v in sums.items() if k.startswith("reward_") and k.endswith("_mean")},
+    }

@@ -1,0 +1,130 @@
+"""The stages of one GRPO iteration, each an importable function the loop in `trainer.py` calls in order:
+
+collect          sample G completions per prompt, score them, advantages (`scoring.py`), global sums
+attach_logprobs  the sampler's log-probs (several steps per batch) and the reference's (beta > 0)
+minibatches      the optimizer steps' sample indices: ppo_epochs passes, each shuffled and split
+optimizer_step   one fused-loss update (`update.train_step`) and the LR schedule step
+step_record      one metrics.jsonl line
+should_save / save_run   checkpoints on rollout boundaries
+"""
+
+import random
+import warnings
+
+from . import distributed as dist_utils
+from . import scoring
+from .batching import Sample
+from .build import Run
+from .checkpoint import save_checkpoint
+from .config import TrainConfig, config_to_dict
+from .rollout import RolloutEngine, build_prompt
+from .update import sequence_logprobs, train_step
+
+
+def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, reward) -> tuple[list[Sample], dict]:
+    """Sample G completions per problem, score them, compute advantages; samples + rollout metrics."""
+    G = config.group_size
+    prompts = [
+        build_prompt(tokenizer, p.prompt, config.prompt_template, config.chat_template, config.max_prompt_length)
+        for p in problems
+    ]
+    comps = engine.generate(prompts, G, want_logprobs=config.loss.is_cap is not None)
+    texts = [tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in comps]
+    golds = [p.answer for p in problems for _ in range(G)]
+    lengths = [len(c.completion_ids) for c in comps]
+    scores = scoring.score(reward, texts, golds, lengths, config)
+    batch_std = None
+    if config.advantage_scale == "batch-std":  # the std over all ranks' rewards
+        batch_std = scoring.std_from_moments(*dist_utils.all_reduce_sum_list(scoring.reward_moments(scores.total)))
+    adv, flat = scoring.advantages(scores.total, config, batch_std)
+    samples = scoring.to_samples(comps, adv, flat, config)
+    local = scoring.rollout_sums(comps, [len(p) for p in prompts], scores, flat, config)
+    sums = dict(zip(local, dist_utils.all_reduce_sum_list([float(v) for v in local.values()])))
+    return samples, scoring.rollout_metrics(sums, dist_utils.all_reduce_max(float(max(lengths, default=0))))
+
+
+def attach_logprobs(run: Run, samples: list[Sample], config: TrainConfig) -> None:
+    """Freeze the sampler's log-probs when the batch feeds several steps; add the reference's when beta > 0."""
+    targets = [("old_logprobs", run.model)] if config.needs_old_logprobs else []
+    targets += [("ref_logprobs", run.ref_model)] if run.ref_model is not None else []
+    for field, model in targets:
+        budget, pad_id = config.max_tokens_per_microbatch, run.tokenizer.pad_token_id
+        logprobs = sequence_logprobs(
+            model, samples, budget, run.packed, pad_id, config.temperature, config.impl, config.bf16
+        )
+        for s, lp in zip(samples, logprobs):
+            setattr(s, field, lp)
+
+
+def minibatches(n: int, config: TrainConfig):
+    """Sample indices of each optimizer step: `ppo_epochs` passes (shuffled when > 1), `minibatches` each."""
+    for _ in range(config.ppo_epochs):
+        order = list(range(n))
+        if config.ppo_epochs > 1:
+            random.shuffle(order)
+        yield from (order[i :: config.minibatches] for i in range(config.minibatches))
+
+
+def optimizer_step(run: Run, samples: list[Sample], config: TrainConfig) -> dict:
+    """One update on this rank's share of a minibatch; advances the schedule and `run.step`."""
+    run.model.train()
+    metrics = train_step(
+        run.model,
+        run.optimizer,
+        samples,
+        config.loss,
+        budget=config.max_tokens_per_microbatch,
+        packed=run.packed,
+        pad_id=run.tokenizer.pad_token_id,
+        max_grad_norm=config.max_grad_norm,
+        impl=config.impl,
+        bf16=config.bf16,
+        log_entropy=config.log_entropy,
+    )
+    metrics["lr"] = run.scheduler.get_last_lr()[0]
+    with warnings.catch_warnings():  # a step with nothing to train skips optimizer.step()
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+        run.scheduler.step()
+    run.step += 1
+    return metrics
+
+
+def step_record(step: int, rollout: dict, update: dict, rollout_s: float, step_s: float) -> dict:
+    """One metrics.jsonl line: the rollout batch's metrics and this optimizer step's (the loss's names)."""
+    return {
+        "step": step,
+        **rollout,
+        "loss": update["loss"],
+        "kl_mean": update["kl_mean"],
+        "clip_frac_low": update["clip_frac_low"],
+        "clip_frac_high": update["clip_frac_high"],
+        "ratio_mean": update["ratio_mean"],
+        "entropy_mean": update["entropy_mean"],
+        "grad_norm": update["grad_norm"],
+        "update_skipped": update["update_skipped"],
+        "lr": update["lr"],
+        "train_tokens": update["num_tokens"],
+        "rollout_s": rollout_s,
+        "step_s": step_s,
+        "tokens_per_s": rollout["rollout_tokens"] / max(step_s, 1e-9),
+    }
+
+
+def should_save(step: int, config: TrainConfig) -> bool:
+    """Save at the end, and at the first rollout boundary at or after each multiple of save_steps.
+
+    Checkpoints fall on rollout boundaries so a resumed run never re-does half a rollout batch.
+    """
+    per_rollout = config.ppo_epochs * config.minibatches
+    periodic = config.save_steps > 0 and step >= config.save_steps and step % config.save_steps < per_rollout
+    return periodic or step >= config.max_steps
+
+
+def save_run(run: Run, config: TrainConfig, elapsed_s: float) -> str:
+    """Checkpoint the run (every rank calls this); the path of the new checkpoint."""
+    extra = {"data_position": run.stream.position, "elapsed_s": elapsed_s, "config": config_to_dict(config)}
+    if run.ref_model is not None:
+        extra["ref_model"] = run.ref_model.state_dict()
+    return save_checkpoint(
+        config.output_dir, run.step, run.model, run.optimizer, run.scheduler, extra, config.keep_checkpoints
+    )

@@ -1,0 +1,172 @@
+"""The package's shape, read from the source with `ast` (no imports of the code under test):
+
+- dependency direction kernels <- losses <- trainer: kernels import no fastrl.losses / trainer / rewards,
+  losses no fastrl.trainer, the trainer never triton;
+- fastrl.rewards imports neither torch nor fastrl.trainer (also checked in a fresh interpreter);
+- no import cycle among fastrl's modules (module-level imports, relative imports resolved);
+- no module over 400 lines; every package `__init__` declares `__all__`.
+"""
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "fastrl"
+MAX_LINES = 400
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_package(path: pathlib.Path) -> bool:
+    return path.name == "__init__.py"
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports(name: str, top_level_only: bool) -> set[str]:
+    """Absolute names `name` imports; `from . import x` yields both the package and `package.x`."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if _is_package(path) else name.rpartition(".")[0]
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    if top_level_only:  # also imports under module-level `if` / `try` (they run at import time)
+        todo, nodes = list(tree.body), []
+        while todo:
+            node = todo.pop()
+            nodes.append(node)
+            if isinstance(node, (ast.If, ast.Try)):
+                todo += node.body + node.orelse + getattr(node, "finalbody", [])
+                todo += [n for h in getattr(node, "handlers", []) for n in h.body]
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found |= {f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in MODULES}
+    return found
+
+
+def _offenders(prefix: str, banned: tuple[str, ...]) -> list[str]:
+    out = []
+    for name in MODULES:
+        if name == prefix or name.startswith(prefix + "."):
+            for imported in sorted(_imports(name, top_level_only=False)):
+                if any(imported == b or imported.startswith(b + ".") for b in banned):
+                    out.append(f"{name} imports {imported}")
+    return out
+
+
+def test_kernels_import_nothing_above_them():
+    assert not _offenders("fastrl.kernels", ("fastrl.losses", "fastrl.trainer", "fastrl.rewards"))
+
+
+def test_losses_do_not_import_the_trainer():
+    assert not _offenders("fastrl.losses", ("fastrl.trainer",))
+
+
+def test_trainer_never_imports_triton():
+    assert not _offenders("fastrl.trainer", ("triton",))
+
+
+def _rewards_package():
+    if "fastrl.rewards" not in MODULES:
+        pytest.skip("fastrl/rewards/ is not in this tree: the torch-free rewards package is checked once it exists")
+
+
+def test_rewards_import_neither_torch_nor_the_trainer():
+    _rewards_package()
+    assert not _offenders("fastrl.rewards", ("torch", "fastrl.trainer"))
+
+
+def test_importing_rewards_loads_no_torch():
+    _rewards_package()
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    code = "import fastrl.rewards, sys; assert 'torch' not in sys.modules, 'torch was imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module-level import edges between fastrl modules (importing `a.b.c` also runs `a` and `a.b`)."""
+    graph = {}
+    for name in MODULES:
+        edges = set()
+        for imported in _imports(name, top_level_only=True):
+            parts = imported.split(".")
+            for i in range(1, len(parts) + 1):
+                target = ".".join(parts[:i])
+                if target in MODULES and target != name and not name.startswith(target + "."):
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycles():
+    cycle = _find_cycle(_graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_relative_imports_resolve():
+    assert "fastrl.trainer.batching" in _imports("fastrl.trainer.update", top_level_only=True)
+    assert "fastrl.trainer.distributed" in _imports("fastrl.trainer.update", top_level_only=True)
+
+
+def test_modules_stay_readable():
+    long = {
+        name: n for name, p in MODULES.items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+def test_every_package_declares_all():
+    missing = []
+    for name, path in MODULES.items():
+        if _is_package(path):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            targets = [t for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]  # fmt: skip
+            if not any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                missing.append(name)
+    assert not missing, missing
