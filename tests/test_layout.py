@@ -170,3 +170,15 @@ def test_every_package_declares_all():
             if not any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
                 missing.append(name)
     assert not missing, missing
+
+
+def test_test_basenames_are_unique():
+    # pytest's default import mode keys test modules by basename: two test_x.py in different folders abort the
+    # whole collection ("import file mismatch").
+    root = pathlib.Path(__file__).resolve().parents[1]
+    seen: dict[str, list[str]] = {}
+    for path in sorted(root.glob("tests/**/*.py")) + sorted(root.glob("bench/*.py")):
+        if path.name != "__init__.py" and path.name != "conftest.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(root)))
+    clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not clashes, clashes
