@@ -17,6 +17,8 @@ import numbers
 
 import torch
 
+__all__ = ["hidden_and_head", "lm_body_and_head"]
+
 # config.model_type -> how the model applies `config.logits_scaling` to its logits (the same field name
 # means opposite things in different families, so an unknown family is refused, not guessed).
 _LOGITS_SCALING = {
