@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from .extract import answer_of, gold_answer
 from .normalize import quick_equal
 
 __all__ = ["VerifierPool", "default_pool"]
@@ -255,6 +256,7 @@ class VerifierPool:
         undecided: dict[tuple[str, str], list[int]] = {}
         for i, pair in enumerate(pairs):
             pred, gold = _check_pair(pair)
+            pred, gold = answer_of(pred), gold_answer(gold)
             if pred is None:
                 continue
             decided = quick_equal(pred, gold)
