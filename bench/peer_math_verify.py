@@ -118,9 +118,8 @@ def main() -> None:
         for i, c in enumerate(cases):
             if ours[i] != c["expected"]:
                 mark = "FP" if ours[i] else "FN"
-                print(
-                    f"{mark} #{i} {c['source']} mv={theirs[i] == c['expected']} pred={c['pred'][-150:]!r} gold={c['gold'][-100:]!r}"
-                )
+                agrees = theirs[i] == c["expected"]
+                print(f"{mark} #{i} {c['source']} mv={agrees} pred={c['pred'][-150:]!r} gold={c['gold'][-100:]!r}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump([{"index": i, "fastrl": o, "math_verify": t} for i, (o, t) in enumerate(zip(ours, theirs))], f)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .extract import extract_answer, gold_answer
 from .pool import VerifierPool, default_pool
 
 __all__ = ["accuracy_reward", "batch_accuracy_reward", "batch_math_equal", "math_equal"]
@@ -18,9 +17,11 @@ __all__ = ["accuracy_reward", "batch_accuracy_reward", "batch_math_equal", "math
 def math_equal(pred: str | None, gold: str, *, timeout: float = 5.0, pool: VerifierPool | None = None) -> bool:
     """Whether ``pred`` is mathematically the same answer as ``gold``; False if undecided within ``timeout`` s.
 
-    Handles numbers in every common spelling, fractions, roots, constants, percent, degrees,
-    units (a different unit is a different answer) and ``\\text{}``, expressions (random-point evaluation, then simplification), equations, inequalities,
-    tuples, intervals, sets and comma-separated lists. Malformed input and None are False, not an exception.
+    Handles numbers in every common spelling (thousands, decimal commas, mixed numbers), fractions, roots,
+    constants, percent, degrees, units (a different unit is a different answer) and ``\\text{}``, expressions
+    (random-point evaluation, then simplification), equations and labelled answers ("f(x) = 1"), inequalities,
+    tuples, intervals, sets, matrices and lists. Undefined values (1/0), unevaluated sums, integrals and limits,
+    rounded decimals and hedged answers are not equal. Malformed input and None are False, not an exception.
     Safe from any thread: the check runs in a worker process that is killed at the deadline.
 
     Args:
@@ -61,5 +62,9 @@ def batch_accuracy_reward(
     """``accuracy_reward`` over a batch, with all answer checks running in parallel in the verifier pool."""
     if len(completions) != len(golds):
         raise ValueError(f"got {len(completions)} completions but {len(golds)} gold answers")
-    pairs = [(extract_answer(c, lenient=lenient), gold_answer(g)) for c, g in zip(completions, golds)]
-    return [float(ok) for ok in batch_math_equal(pairs, timeout=timeout, pool=pool)]
+    for c in completions:
+        if not isinstance(c, str):
+            raise TypeError(f"completion must be a str, got {type(c).__name__}: {c!r:.80}")
+    pairs = list(zip(completions, golds))
+    verdicts = (pool or default_pool()).map(pairs, timeout=timeout, extract="lenient" if lenient else "strict")
+    return [float(ok) for ok in verdicts]

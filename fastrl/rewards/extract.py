@@ -27,6 +27,8 @@ _NUMBER_RE = re.compile(r"[-+]?(?:\d+ (?=\d+\s*/\s*\d))?\d+(?:[.,]\d+)*(?:\s*/\s
 _WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
 _NESTED_BOX_RE = re.compile(r"(?:\s*\\(?:boxed|fbox)\s*\{)+")
 _CONNECTIVE_NOISE_RE = re.compile(r"\\[a-zA-Z]+|[^a-zA-Z]")
+# What follows a marker (or ends a completion) that the answer is looked for in; longer is no one answer.
+_MAX_MARKED_CHARS = 4096
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 
 
@@ -156,7 +158,10 @@ def _sentence_answer(rest: str) -> str | None:
     if claims:
         sentence = sentence[claims[-1].end() :]  # "The largest $n$ is 34" -> "34"
     spans = _math_spans(sentence)
-    if spans and not _WORD_RE.search(re.sub(r"\$[^$]*\$", "", sentence).replace("\\$", "")):
+    prose = [
+        w for w in _WORD_RE.findall(re.sub(r"\$[^$]*\$", "", sentence).replace("\\$", "")) if w not in ("and", "or")
+    ]
+    if spans and not prose:
         answer = sentence  # only math (and punctuation): keep it whole, normalization drops the delimiters
     elif spans:
         answer = sentence[spans[-1][0] : spans[-1][1]]
@@ -165,7 +170,7 @@ def _sentence_answer(rest: str) -> str | None:
         numbers = _NUMBER_RE.findall(answer)
         if len(_WORD_RE.findall(answer)) >= 2 and len(numbers) == 1:
             answer = numbers[0]  # "Jane started growing it 3 hours ago" -> "3"
-    answer = answer.strip().strip("*").rstrip(".").strip()
+    answer = answer.replace('\\"', "").strip().strip('*"').rstrip(".").strip()
     return answer or None
 
 
@@ -179,7 +184,7 @@ def _last_marker(text: str) -> re.Match | None:
 def _marked_answer(text: str, last: re.Match | None) -> str | None:
     if last is None:
         return None
-    rest = text[last.end() :].lstrip(" \t*:")
+    rest = text[last.end() : last.end() + _MAX_MARKED_CHARS].lstrip(" \t*:")
     block = next((tok for tok in ("$$", "\\[") if rest.startswith(tok)), None)
     if block is None:
         line_end = rest.find("\n")
@@ -193,6 +198,7 @@ def _marked_answer(text: str, last: re.Match | None) -> str | None:
 
 
 def _lenient_answer(text: str) -> str | None:
+    text = text[-_MAX_MARKED_CHARS:]  # the final answer is at the end
     spans = _math_spans(text)
     if spans:
         a, b = spans[-1]

@@ -11,6 +11,7 @@ from fractions import Fraction
 
 __all__ = [
     "APPROX_MIN_DIGITS",
+    "divides_by_zero",
     "INVALID",
     "MAX_FAST_PATH_CHARS",
     "normalize",
@@ -76,7 +77,8 @@ _UNIT_NAMES = {
 }
 _UNIT_CANON = {alias: unit for unit, aliases in _UNIT_NAMES.items() for alias in (unit, *aliases.split())}
 _UNIT_AT_END_RE = re.compile(
-    rf"(?<=[\d}}$ ])\s*(?:\\(?:{_TEXT_COMMANDS})\s*\{{\s*([a-zA-Z]+)\s*\}}|([a-zA-Z]+))\s*(\^\s*\{{?[23]\}}?|²|³)?\s*\.?\s*$"
+    rf"(?<=[\d}}$ ])\s*(?:\\(?:{_TEXT_COMMANDS})\s*\{{\s*([a-zA-Z]+)\s*\}}|([a-zA-Z]+))"
+    r"\s*(\^\s*\{?[23]\}?|²|³)?\s*\.?\s*$"
 )
 
 
@@ -201,6 +203,14 @@ def split_marker(s: str) -> tuple[str, str]:
     return s, ""
 
 
+_DIVISION_BY_ZERO_RE = re.compile(r"/\s*\(?\s*0+(?![\d.])|\\frac\s*\{[^{}]*\}\s*\{\s*0+\s*\}")
+
+
+def divides_by_zero(s: str) -> bool:
+    """ "1/0", "\\frac{0}{0}": undefined, so equal to nothing, itself included."""
+    return _DIVISION_BY_ZERO_RE.search(s) is not None
+
+
 def units_conflict(pred: str, gold: str) -> bool:
     """Both answers name a unit, and not the same one ("5 m" against "5 cm")."""
     a, b = unit_of(pred), unit_of(gold)
@@ -245,7 +255,7 @@ def quick_equal(pred: str, gold: str) -> bool | None:
         return False
     if units_conflict(pred, gold):
         return False
-    if p == g and p:
+    if p == g and p and not divides_by_zero(p):
         return True
     values = []
     for text in (p, g):

@@ -24,6 +24,7 @@ from sympy.parsing.sympy_parser import (
 from .normalize import (
     APPROX_MIN_DIGITS,
     INVALID,
+    divides_by_zero,
     normalize,
     percent_readings,
     quick_equal,
@@ -48,7 +49,7 @@ _PARSER_NORMALIZATION = NormalizationConfig(
 )
 _PLAIN_FUNCTIONS = re.compile(r"\*\*|\b(?:sqrt|pi|exp|log|ln|sin|cos|tan|factorial|binomial|oo)\b")
 _DECIMAL_RE = re.compile(r"(?<![\d.])(\d{1,400})\.(\d{1,400})(?![\d.])")
-_SPACED_DIGITS_RE = re.compile(r"\d\s+\d")
+_SPACED_DIGITS_RE = re.compile(r"(?<![_^\d])\d+\s+\d")  # not "\\log_2 8"
 # Operators a restatement leaves unevaluated: "\sum_{k=1}^{100} k" is the question, not the answer 5050.
 _UNEVALUATED_RE = re.compile(r"\\(?:sum|prod|int|iint|iiint|oint|lim|limsup|liminf)(?![a-zA-Z])|\\frac\{d\}\{d")
 _TIME_RE = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?$")
@@ -263,10 +264,15 @@ def _approximates(decimal_text: str, other: str) -> bool:
     return abs(value - sympy.Rational(decimal_text.strip())) < sympy.Rational(1, 10 ** len(m.group(2)))
 
 
+def _squash(s: str) -> str:
+    # Spaces go, except between two digits: "1 2" is not "12".
+    return re.sub(r"(?<!\d)\s+|\s+(?!\d)", "", s).casefold()
+
+
 def _leaves_equal(a: str, b: str) -> bool:
-    if INVALID in (a, b):
+    if INVALID in (a, b) or divides_by_zero(a) or divides_by_zero(b):
         return False
-    if a.replace(" ", "").casefold() == b.replace(" ", "").casefold():
+    if _squash(a) == _squash(b):
         return True
     if _is_text(a) or _is_text(b):
         return False
