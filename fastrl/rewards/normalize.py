@@ -6,6 +6,7 @@ imports sympy, so the calling process uses it directly to decide plain numbers w
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 
@@ -127,45 +128,88 @@ def _matrix(s: str) -> str:
     return m.group(1) if m and m.group(1).count("\\begin") == 1 else s
 
 
+_LINE_BETWEEN_NUMBERS_RE = re.compile(r"(?<=\d)[ \t]*\r?\n\s*(?=[-+\d])")
+_SIZING_RE = re.compile(r"\\(?:displaystyle|left|right|bigl?|bigr?|Bigl?|Bigr?)(?![a-zA-Z])")
+_FRAC_VARIANT_RE = re.compile(r"\\[dtc]frac")
+_FRAC_BARE_ARG_RE = re.compile(r"\\frac\s*([0-9a-zA-Z])")
+_FRAC_BARE_DEN_RE = re.compile(r"\\frac(\{[^{}]*\})\s*([0-9a-zA-Z])")
+_SQRT_BARE_ARG_RE = re.compile(r"\\sqrt\s*([0-9a-zA-Z])")
+_CONJUNCTION_RE = re.compile(r"\\text\{\s*(?:and|or)\s*\}|\s+(?:and|or)\s+|(?<=[\d)}])or(?=[a-zA-Z(\\\d-])")
+_DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree|°|\s*degrees?$")
+_PERCENT_RE = re.compile(r"\\%|%|\s*(?:percentage|percent|pct)$")
+_CURRENCY_RE = re.compile(r"\s*(?:dollars?|USD|€|£)$")
+_SPACED_PERCENT_RE = re.compile(r"\s+%$")
+_TEXT_WITH_POWER_RE = re.compile(_TEXT_RE.pattern + r"(?:\^\{?[23]\}?)?")
+_SPACES_RE = re.compile(r"\s+")
+_INFINITY_RE = re.compile(r"\b(?:infinity|inf)\b")
+_EMPTY_SET_RE = re.compile(r"\\\{\s*\\\}|\\varnothing|\\O|\{\s*\}")
+_LETTER_RE = re.compile(r"[a-zA-Z]")
+# Answers up to this length are normalized once and cached (a group's gold answer, repeated answers).
+_CACHED_CHARS = 1024
+
+
 def normalize(answer: str) -> str:
     """Canonical text of one answer: math delimiters, spacing, text/units, currency, degrees, percent.
 
     Percent becomes a trailing ``%`` and degrees a trailing ``°``, for the comparison to read either way.
     """
+    return _normalize_cached(answer) if len(answer) <= _CACHED_CHARS else _normalize(answer)
+
+
+@functools.lru_cache(maxsize=16384)
+def _normalize_cached(answer: str) -> str:
+    return _normalize(answer)
+
+
+def _normalize(answer: str) -> str:
     s = undouble_backslashes(answer.strip()).translate(_UNICODE_MATH)
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
             s = s[len(left) : len(s) - len(right)].strip()
     s = s.replace("\\$", "").replace("$", "")
-    s = re.sub(r"(?<=\d)[ \t]*\r?\n\s*(?=[-+\d])", " \\\\newline ", s)  # "11\n5/6" is not a mixed number
-    s = re.sub(r"\\(?:displaystyle|left|right|bigl?|bigr?|Bigl?|Bigr?)(?![a-zA-Z])", "", s)
-    # Spacing commands go; a row break "\\\\" is kept whole (its second backslash is no "\\ " or "\\,").
-    s = _SPACING_RE.sub(lambda m: m.group() if m.group() == "\\\\" else "" if m.group(1) else " ", s)
-    s = re.sub(r"\\[dtc]frac", r"\\frac", s)
-    s = re.sub(r"\\frac\s*([0-9a-zA-Z])", r"\\frac{\1}", s)
-    s = re.sub(r"\\frac(\{[^{}]*\})\s*([0-9a-zA-Z])", r"\\frac\1{\2}", s)
-    s = re.sub(r"\\sqrt\s*([0-9a-zA-Z])", r"\\sqrt{\1}", s)
-    s = s.replace("\\le ", "\\leq ").replace("\\ge ", "\\geq ")
-    s = _NEQ_RE.sub(r"\\neq ", s)
-    s = re.sub(r"\\text\{\s*(?:and|or)\s*\}|\s+(?:and|or)\s+|(?<=[\d)}])or(?=[a-zA-Z(\\\d-])", ",", s)
-    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|\\degree|°|\s*degrees?$", "°", s)
-    s = re.sub(r"\\%|%|\s*(?:percentage|percent|pct)$", "%", s)
-    s = re.sub(r"\s*(?:dollars?|USD|€|£)$", "", s)
-    s = re.sub(r"\s+%$", "%", s)
-    # \text{...}: units after a value are dropped; an answer that is only text keeps its words.
-    without_text = re.sub(_TEXT_RE.pattern + r"(?:\^\{?[23]\}?)?", "", s).strip()
-    s = without_text if without_text and without_text not in "-+" else _TEXT_RE.sub(r"\1", s)
-    s = _TRAILING_UNIT_RE.sub("", s)
-    s = re.sub(r"\s+", " ", s).strip().rstrip(".,;").strip()
-    s = re.sub(r"\b(?:infinity|inf)\b", r"\\infty", s)
-    if re.fullmatch(r"\\\{\s*\\\}|\\varnothing|\\O|\{\s*\}", s):
+    if "\n" in s:
+        s = _LINE_BETWEEN_NUMBERS_RE.sub(" \\\\newline ", s)  # "11\n5/6" is not a mixed number
+    latex = "\\" in s
+    if latex:
+        s = _SIZING_RE.sub("", s)
+    if latex or "~" in s or "{,}" in s:
+        # Spacing commands go; a row break "\\\\" is kept whole (its second backslash is no "\\ " or "\\,").
+        s = _SPACING_RE.sub(lambda m: m.group() if m.group() == "\\\\" else "" if m.group(1) else " ", s)
+    if latex:
+        s = _FRAC_VARIANT_RE.sub(r"\\frac", s)
+        s = _FRAC_BARE_ARG_RE.sub(r"\\frac{\1}", s)
+        s = _FRAC_BARE_DEN_RE.sub(r"\\frac\1{\2}", s)
+        s = _SQRT_BARE_ARG_RE.sub(r"\\sqrt{\1}", s)
+        s = s.replace("\\le ", "\\leq ").replace("\\ge ", "\\geq ")
+    if latex or "=" in s or "≠" in s:
+        s = _NEQ_RE.sub(r"\\neq ", s)
+    letters = _LETTER_RE.search(s) is not None
+    if letters:
+        s = _CONJUNCTION_RE.sub(",", s)
+    if latex or letters or "°" in s:
+        s = _DEGREE_RE.sub("°", s)
+    if letters or "%" in s:
+        s = _PERCENT_RE.sub("%", s)
+        s = _SPACED_PERCENT_RE.sub("%", s)
+    if letters or "€" in s or "£" in s:
+        s = _CURRENCY_RE.sub("", s)
+    if latex:
+        # \text{...}: units after a value are dropped; an answer that is only text keeps its words.
+        without_text = _TEXT_WITH_POWER_RE.sub("", s).strip()
+        s = without_text if without_text and without_text not in "-+" else _TEXT_RE.sub(r"\1", s)
+    if letters:
+        s = _TRAILING_UNIT_RE.sub("", s)
+    s = _SPACES_RE.sub(" ", s).strip().rstrip(".,;").strip()
+    if letters:
+        s = _INFINITY_RE.sub(r"\\infty", s)
+    if _EMPTY_SET_RE.fullmatch(s):
         s = "\\emptyset"
     if "\\begin" in s:
         s = _matrix(s)
     value, marker = split_marker(s)
     m = _THOUSANDS_RE.match(value)
     if m:
-        value = m.group(1) + re.sub("[, ]", "", m.group(2)) + (m.group(3) or "")
+        value = m.group(1) + value[m.start(2) : m.end(2)].replace(",", "").replace(" ", "") + (m.group(3) or "")
     value = _mixed_number(value)
     return value + marker if value != INVALID else INVALID
 

@@ -52,6 +52,7 @@ _DECIMAL_RE = re.compile(r"(?<![\d.])(\d{1,400})\.(\d{1,400})(?![\d.])")
 _SPACED_DIGITS_RE = re.compile(r"(?<![_^\d])\d+\s+\d")  # not "\\log_2 8"
 # Operators a restatement leaves unevaluated: "\sum_{k=1}^{100} k" is the question, not the answer 5050.
 _UNEVALUATED_RE = re.compile(r"\\(?:sum|prod|int|iint|iiint|oint|lim|limsup|liminf)(?![a-zA-Z])|\\frac\{d\}\{d")
+_UNEVALUATED = (sympy.Sum, sympy.Product, sympy.Integral, sympy.Limit)
 _TIME_RE = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?$")
 _RATIO_RE = re.compile(r"^([^:]+):([^:]+)$")
 _LONG_DECIMAL_RE = re.compile(r"^[-+]?(\d+)\.(\d+)$")
@@ -176,8 +177,10 @@ def expressions_equal(e1: sympy.Basic, e2: sympy.Basic) -> bool:
         return e1 == e2 or _symbolic_zero(e1, e2)
     if e1.has(sympy.zoo, sympy.nan) or e2.has(sympy.zoo, sympy.nan):
         return False  # undefined (1/0, 0/0) is no answer: two undefined values are not equal
-    if e1 == e2 or sympy.srepr(e1) == sympy.srepr(e2):
+    if e1 == e2:
         return True
+    if e1.has(*_UNEVALUATED) and sympy.srepr(e1) == sympy.srepr(e2):
+        return True  # the same unevaluated sum or integral, whose symbols compare unequal as objects
     if e1.has(sympy.oo, -sympy.oo) or e2.has(sympy.oo, -sympy.oo):
         return False  # infinities equal only structurally (after sympy's own evaluation)
     symbols = sorted(e1.free_symbols | e2.free_symbols, key=str)
