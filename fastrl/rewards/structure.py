@@ -46,6 +46,8 @@ def _tokens_at(s: str, i: int, table: dict[str, str]) -> tuple[str, int] | None:
 
 def _split_top(s: str, sep: str) -> list[str]:
     """Split on ``sep`` outside any bracket or brace."""
+    if sep not in s:
+        return [s]
     parts, depth, start, i = [], 0, 0, 0
     while i < len(s):
         if s.startswith(sep, i) and depth == 0:
