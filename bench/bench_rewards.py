@@ -8,7 +8,8 @@ reported):
                  decided in the calling process by the exact-rational fast path;
   numeric-sympy  numeric expressions that need sympy ("2^{3}" / "8", "\\sqrt{16}" / "4"), in the workers;
   symbolic       expressions in x ("(x+a)(x-a)" / "x^2-a^2"), random-point evaluation in the workers.
-Then: the worst overshoot past the timeout on pathological pairs (warm pool), and worker start-up time.
+Then: the worst overshoot past the timeout on pathological pairs (warm pool), the worst time past the limit of a
+reward call on 1 MB hostile completions (extraction included), and worker start-up time.
 """
 
 from __future__ import annotations
@@ -130,6 +131,36 @@ def overshoot(pool: VerifierPool, timeout: float, repeats: int) -> dict:
     return {"timeout_s": timeout, "max_overshoot_s": worst, "worst_pair": worst_pair}
 
 
+def hostile_completions() -> dict[str, str]:
+    """1 MB completions built to stall a scanner: repeated markers, unclosed braces, deep nesting, long digit runs."""
+    mb = 1 << 20
+    return {
+        "answer-parens": "Answer: " + "\\(" * (mb // 2),
+        "repeated-markers": "The answer is " * (mb // 14),
+        "unclosed-braces": "\\boxed{" + "{" * mb,
+        "nested-frac": "\\boxed{" + "\\frac{1}{" * (mb // 10) + "2" + "}" * (mb // 10) + "}",
+        "digit-run": "The answer is " + "7" * mb,
+        "deep-boxes": "\\boxed{" * (mb // 7) + "1" + "}" * (mb // 7),
+        "nested-parens": "\\boxed{" + "(" * mb + ")" * mb + "}",
+        "many-boxes": "\\boxed{1} no " * (mb // 13),
+    }
+
+
+def hostile(pool: VerifierPool, timeout: float) -> dict:
+    worst, worst_name = -timeout, None
+    for name, text in hostile_completions().items():
+        for extract in ("strict", "lenient"):
+            pool.start()  # warm: a replacement's start-up is not part of the call
+            start = time.perf_counter()
+            result = pool.map([(text, "2")], timeout=timeout, extract=extract)
+            over = time.perf_counter() - start - timeout
+            if result != [False]:
+                raise AssertionError(f"{name} returned {result}, expected [False]")
+            if over > worst:
+                worst, worst_name = over, f"{name} ({extract})"
+    return {"timeout_s": timeout, "max_past_limit_s": worst, "worst_input": worst_name}
+
+
 def startup(workers: int) -> dict:
     start = time.perf_counter()
     with VerifierPool(workers) as pool:
@@ -172,6 +203,7 @@ def main() -> None:
         results["numeric-sympy"] = throughput(pool, numeric_sympy_pairs, 300, rng, args.repeats)
         results["symbolic"] = throughput(pool, symbolic_pairs, 150, rng, args.repeats)
         results["overshoot"] = overshoot(pool, timeout=1.0, repeats=2)
+        results["hostile"] = hostile(pool, timeout=1.0)
     print(f"{args.workers} workers, {results['cpus']} CPUs, load average {results['load_average_1min']:.1f} at start")
     for name in ("numeric", "numeric-sympy", "symbolic"):
         r = results[name]
@@ -181,6 +213,9 @@ def main() -> None:
         )
     o = results["overshoot"]
     print(f"max overshoot past a {o['timeout_s']} s timeout: {o['max_overshoot_s'] * 1e3:.0f} ms ({o['worst_pair']})")
+    h = results["hostile"]
+    past = h["max_past_limit_s"] * 1e3
+    print(f"1 MB hostile completions: worst {past:+.0f} ms past a {h['timeout_s']} s limit ({h['worst_input']})")
     s = results["startup"]
     print(
         f"start-up: pool of {args.workers} ready in {s['pool_start_s']:.2f} s; a child importing torch "

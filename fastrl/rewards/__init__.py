@@ -11,7 +11,7 @@ The rewards and how they enter the advantage are in docs/math.md §4; the verifi
 
 from .accuracy import accuracy_reward, batch_accuracy_reward, batch_math_equal, math_equal
 from .combine import BatchRewardFn, CombinedReward, RewardFn, RewardScores, WeightedReward, combine_rewards
-from .extract import extract_answer
+from .extract import extract_answer, gold_answer
 from .pool import VerifierPool, default_pool
 from .shaping import format_reward, length_penalty, overlong_penalty
 
@@ -23,6 +23,7 @@ __all__ = [
     "CombinedReward",
     "combine_rewards",
     "extract_answer",
+    "gold_answer",
     "math_equal",
     "batch_math_equal",
     "accuracy_reward",

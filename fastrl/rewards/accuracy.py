@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .extract import extract_answer
 from .pool import VerifierPool, default_pool
 
 __all__ = ["accuracy_reward", "batch_accuracy_reward", "batch_math_equal", "math_equal"]
@@ -18,14 +17,18 @@ __all__ = ["accuracy_reward", "batch_accuracy_reward", "batch_math_equal", "math
 def math_equal(pred: str | None, gold: str, *, timeout: float = 5.0, pool: VerifierPool | None = None) -> bool:
     """Whether ``pred`` is mathematically the same answer as ``gold``; False if undecided within ``timeout`` s.
 
-    Handles numbers in every common spelling, fractions, roots, constants, percent (either reading), degrees,
-    units and ``\\text{}``, expressions (random-point evaluation, then simplification), equations, inequalities,
-    tuples, intervals, sets and comma-separated lists. Malformed input and None are False, not an exception.
+    Handles numbers in every common spelling (thousands, decimal commas, mixed numbers), fractions, roots,
+    constants, percent, degrees, units (a different unit is a different answer) and ``\\text{}``, expressions
+    (random-point evaluation, then simplification), equations and labelled answers ("f(x) = 1"), inequalities,
+    tuples, intervals, sets, matrices and lists. Undefined values (1/0), unevaluated sums, integrals and limits,
+    rounded decimals and hedged answers are not equal. Malformed input and None are False, not an exception.
     Safe from any thread: the check runs in a worker process that is killed at the deadline.
 
     Args:
-        pred: the predicted answer (e.g. from ``extract_answer``), or None for "no answer".
-        gold: the reference answer (LaTeX or plain text).
+        pred: the predicted answer (e.g. from ``extract_answer``), or None for "no answer". A pred with boxes
+            is judged on its boxes.
+        gold: the reference answer (LaTeX or plain text), or a solution with boxes, "#### answer" or a final
+            answer marker (see ``gold_answer``).
         timeout: seconds the check may run once a worker has it.
         pool: the worker pool to use; default: the process-wide ``default_pool()``.
     """
@@ -39,28 +42,29 @@ def batch_math_equal(
     return (pool or default_pool()).map(pairs, timeout=timeout)
 
 
-def _gold_answer(gold: str | int | float) -> str:
-    if isinstance(gold, (int, float)) and not isinstance(gold, bool):
-        return str(gold)  # GSM8K-style datasets store numbers
-    if not isinstance(gold, str):
-        raise TypeError(f"gold must be a str (or a number), got {type(gold).__name__}: {gold!r:.80}")
-    # Datasets store the gold bare ("3/4"), as a full solution ending in \boxed{3/4} (MATH) or in "#### 3/4" (GSM8K).
-    if "####" in gold:
-        return gold.rsplit("####", 1)[1].strip()
-    boxed = extract_answer(gold) if "\\boxed" in gold or "\\fbox" in gold else None
-    return boxed if boxed is not None else gold
+def accuracy_reward(completion: str, gold: str, *, lenient: bool = False) -> float:
+    """1.0 when the completion's final answer equals the gold answer (``math_equal``), else 0.0.
 
-
-def accuracy_reward(completion: str, gold: str) -> float:
-    """1.0 when the completion's final answer equals the gold answer (``math_equal``), else 0.0."""
-    return batch_accuracy_reward([completion], [gold])[0]
+    ``lenient=True`` is for evaluation: a completion without a box or answer marker is judged on its last math
+    span or number (see ``extract_answer``). Rewards keep the default, so a policy is paid for stating its answer.
+    """
+    return batch_accuracy_reward([completion], [gold], lenient=lenient)[0]
 
 
 def batch_accuracy_reward(
-    completions: Sequence[str], golds: Sequence[str], *, timeout: float = 5.0, pool: VerifierPool | None = None
+    completions: Sequence[str],
+    golds: Sequence[str],
+    *,
+    timeout: float = 5.0,
+    pool: VerifierPool | None = None,
+    lenient: bool = False,
 ) -> list[float]:
     """``accuracy_reward`` over a batch, with all answer checks running in parallel in the verifier pool."""
     if len(completions) != len(golds):
         raise ValueError(f"got {len(completions)} completions but {len(golds)} gold answers")
-    pairs = [(extract_answer(c), _gold_answer(g)) for c, g in zip(completions, golds)]
-    return [float(ok) for ok in batch_math_equal(pairs, timeout=timeout, pool=pool)]
+    for c in completions:
+        if not isinstance(c, str):
+            raise TypeError(f"completion must be a str, got {type(c).__name__}: {c!r:.80}")
+    pairs = list(zip(completions, golds))
+    verdicts = (pool or default_pool()).map(pairs, timeout=timeout, extract="lenient" if lenient else "strict")
+    return [float(ok) for ok in verdicts]

@@ -26,10 +26,12 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from pathlib import Path
 
+from .extract import answer_of, extract_answer, gold_answer
 from .normalize import quick_equal
+from .worker import READY as _READY
 
 __all__ = ["VerifierPool", "default_pool"]
 
@@ -38,59 +40,15 @@ _ROOT = Path(__file__).resolve().parents[2]
 _BOOTSTRAP = (
     "import sys\n"
     "sys.path.insert(0, sys.argv[1])\n"
-    "from fastrl.rewards.pool import _serve\n"
-    "_serve(int(sys.argv[2]), int(sys.argv[3]))\n"
+    "from fastrl.rewards.worker import serve\n"
+    "serve(int(sys.argv[2]), int(sys.argv[3]))\n"
 )
-_READY = "ready"
+# Longer inputs are extracted in a worker, under the time limit, rather than in the calling process (where a scan
+# is linear but 1 MB of braces still takes ~0.5 s).
+_INPROCESS_CHARS = 32_768
+_EXTRACT_MODES = (None, "strict", "lenient")
 # How long a fresh worker may take to import sympy before the pool gives up on it.
 _STARTUP_TIMEOUT = 60.0
-
-
-def _serve(fd: int, memory_limit_mb: int) -> None:
-    """Worker main loop: answer (pred, gold) requests until the parent closes the pipe or dies."""
-    import resource
-    import signal
-    import warnings
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills us on exit
-    warnings.simplefilter("ignore")  # sympy deprecation chatter would land in the trainer's log
-    if memory_limit_mb > 0:
-        # A runaway expansion raises MemoryError here instead of pushing the host into swap.
-        limit = memory_limit_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    parent = os.getppid()
-
-    def _orphan_watch() -> None:
-        # A daemon thread gets the GIL between bytecodes even while sympy computes in Python.
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=_orphan_watch, daemon=True).start()
-    from .verify import is_equiv
-
-    conn = Connection(fd)
-    try:
-        conn.send(_READY)
-    except OSError:
-        return  # the parent is gone (or gave up on us) before we were ready
-    while True:
-        try:
-            pred, gold, timeout = conn.recv()
-        except (EOFError, OSError):
-            return
-        # The parent kills us at the deadline. If it is gone, the orphan watch cannot run while sympy sits in one
-        # long C call (math.factorial holds the GIL), but SIGALRM's default action ends the process regardless.
-        signal.alarm(min(math.ceil(timeout) + 2, 2**31 - 1))
-        try:
-            result = bool(is_equiv(pred, gold))
-        except BaseException:  # MemoryError, RecursionError: the answer is "not verified", the worker lives on
-            result = False
-        signal.alarm(0)
-        try:
-            conn.send(result)
-        except OSError:
-            return  # the parent gave up on this check and closed the pipe
 
 
 class _Worker:
@@ -236,13 +194,20 @@ class VerifierPool:
         """``math_equal`` on this pool; see ``fastrl.rewards.math_equal``."""
         return self.map([(pred, gold)], timeout=timeout)[0]
 
-    def map(self, pairs: Sequence[tuple[str | None, str]], *, timeout: float = 5.0) -> list[bool]:
+    def map(
+        self, pairs: Sequence[tuple[str | None, str]], *, timeout: float = 5.0, extract: str | None = None
+    ) -> list[bool]:
         """Check many (pred, gold) pairs in parallel; each check gets its own ``timeout`` seconds.
 
         A pred of None (no extracted answer) is False. Plain numbers are decided in this process; the rest go
         to the workers. The time limit counts from when a worker receives the pair: waiting for a free worker
         in a busy pool is not part of it.
 
+        Args:
+            pairs: (pred, gold) pairs; a gold may be a full solution (see ``gold_answer``).
+            timeout: seconds each check may run once a worker has it.
+            extract: None when each pred is an answer; "strict" or "lenient" when it is a completion to take the
+                answer from (``extract_answer``). Inputs over 32 KB are extracted in the worker, under the limit.
         Returns:
             One bool per pair, in order; False for a pair whose check timed out or crashed its worker.
         """
@@ -250,11 +215,23 @@ class VerifierPool:
             raise ValueError(f"timeout must be a finite number of seconds, got {timeout!r}")
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout!r}")
+        if extract not in _EXTRACT_MODES:
+            raise ValueError(f"extract must be one of {_EXTRACT_MODES}, got {extract!r}")
         results: list[bool] = [False] * len(pairs)
         # Completions of one prompt often give the same answer: each distinct (pred, gold) is checked once.
-        undecided: dict[tuple[str, str], list[int]] = {}
+        undecided: dict[tuple, list[int]] = {}
         for i, pair in enumerate(pairs):
             pred, gold = _check_pair(pair)
+            if pred is None:
+                continue
+            if len(pred) > _INPROCESS_CHARS or len(gold) > _INPROCESS_CHARS:
+                undecided.setdefault((pred, gold, extract or "bare"), []).append(i)
+                continue
+            if extract is None:
+                pred = answer_of(pred)
+            else:
+                pred = extract_answer(pred, lenient=extract == "lenient")
+            gold = gold_answer(gold)
             if pred is None:
                 continue
             decided = quick_equal(pred, gold)

@@ -21,8 +21,17 @@ from sympy.parsing.sympy_parser import (
     standard_transformations,
 )
 
-from .normalize import normalize, quick_equal, split_marker
-from .structure import Equation, Leaf, Seq, inequality_interval, parse_structure
+from .normalize import (
+    APPROX_MIN_DIGITS,
+    INVALID,
+    divides_by_zero,
+    normalize,
+    percent_readings,
+    quick_equal,
+    split_marker,
+    units_conflict,
+)
+from .structure import Equation, Leaf, Seq, inequality_interval, is_label, parse_structure
 
 __all__ = ["expressions_equal", "is_equiv", "parse_leaf"]
 
@@ -40,6 +49,13 @@ _PARSER_NORMALIZATION = NormalizationConfig(
 )
 _PLAIN_FUNCTIONS = re.compile(r"\*\*|\b(?:sqrt|pi|exp|log|ln|sin|cos|tan|factorial|binomial|oo)\b")
 _DECIMAL_RE = re.compile(r"(?<![\d.])(\d{1,400})\.(\d{1,400})(?![\d.])")
+_SPACED_DIGITS_RE = re.compile(r"(?<![_^\d])\d+\s+\d")  # not "\\log_2 8"
+# Operators a restatement leaves unevaluated: "\sum_{k=1}^{100} k" is the question, not the answer 5050.
+_UNEVALUATED_RE = re.compile(r"\\(?:sum|prod|int|iint|iiint|oint|lim|limsup|liminf)(?![a-zA-Z])|\\frac\{d\}\{d")
+_UNEVALUATED = (sympy.Sum, sympy.Product, sympy.Integral, sympy.Limit)
+_TIME_RE = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?$")
+_RATIO_RE = re.compile(r"^([^:]+):([^:]+)$")
+_LONG_DECIMAL_RE = re.compile(r"^[-+]?(\d+)\.(\d+)$")
 _TRANSFORMATIONS = standard_transformations + (implicit_multiplication_application, convert_xor)
 
 
@@ -58,8 +74,8 @@ def _safe_for_parse_expr(text: str) -> bool:
 def parse_leaf(text: str) -> sympy.Basic | None:
     """Parse one leaf (LaTeX or plain text) into sympy; None when neither parser accepts it."""
     text = text.strip()
-    if not text:
-        return None
+    if not text or _SPACED_DIGITS_RE.search(text) or ":" in text:
+        return None  # "1 2" is not 12 (nor 1 + 2); "1:00" is a time or a ratio, never 1/0
     try:
         if "\\" not in text and _PLAIN_FUNCTIONS.search(text):
             if not _safe_for_parse_expr(text):
@@ -71,9 +87,13 @@ def parse_leaf(text: str) -> sympy.Basic | None:
             expr = latex2sympy(text, normalization_config=_PARSER_NORMALIZATION)
     except Exception:  # both parsers raise many unrelated types on malformed input
         return None
+    if isinstance(expr, sympy.MatrixBase) and not isinstance(expr, sympy.Basic):
+        expr = sympy.ImmutableMatrix(expr)  # cached, so immutable
     if isinstance(expr, sympy.Basic) and expr.has(sympy.Float):
         # Any decimal left (plain-text input) becomes exact too, so that 0.25 == 1/4 and 0.3333 != 1/3.
         expr = expr.xreplace({f: sympy.Rational(str(f)) for f in expr.atoms(sympy.Float)})
+    if isinstance(expr, sympy.MatrixExpr):
+        expr = expr.doit()  # a sum or product of explicit matrices is that matrix
     return expr if isinstance(expr, sympy.Basic) else None
 
 
@@ -151,11 +171,17 @@ def expressions_equal(e1: sympy.Basic, e2: sympy.Basic) -> bool:
         return _ratio_is_constant(e1.lhs - e1.rhs, e2.lhs - e2.rhs, positive=False)
     if isinstance(e1, sympy.core.relational.Relational) or isinstance(e2, sympy.core.relational.Relational):
         return _relations_equal(e1, e2)
+    if isinstance(e1, sympy.MatrixBase) and isinstance(e2, sympy.MatrixBase):
+        return e1.shape == e2.shape and all(expressions_equal(x, y) for x, y in zip(e1, e2))
     if not (isinstance(e1, sympy.Expr) and isinstance(e2, sympy.Expr)):
         return e1 == e2 or _symbolic_zero(e1, e2)
+    if e1.has(sympy.zoo, sympy.nan) or e2.has(sympy.zoo, sympy.nan):
+        return False  # undefined (1/0, 0/0) is no answer: two undefined values are not equal
     if e1 == e2:
         return True
-    if e1.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) or e2.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan):
+    if e1.has(*_UNEVALUATED) and sympy.srepr(e1) == sympy.srepr(e2):
+        return True  # the same unevaluated sum or integral, whose symbols compare unequal as objects
+    if e1.has(sympy.oo, -sympy.oo) or e2.has(sympy.oo, -sympy.oo):
         return False  # infinities equal only structurally (after sympy's own evaluation)
     symbols = sorted(e1.free_symbols | e2.free_symbols, key=str)
     verdicts = []
@@ -192,13 +218,15 @@ def _relations_equal(r1: sympy.Basic, r2: sympy.Basic) -> bool:
     return strict1 == strict2 and _ratio_is_constant(d1, d2, positive=True)
 
 
-def _leaf_values(text: str) -> list[sympy.Basic]:
+def _leaf_values(text: str, other: str) -> list[sympy.Basic]:
     value_text, marker = split_marker(text)
     value = parse_leaf(value_text)
     if value is None:
         return []
     if marker == "%":
-        return [value, value / 100]
+        other_text, other_marker = split_marker(other)
+        written, scaled = percent_readings(value_text, marker, other_text, other_marker)
+        return [v for v, ok in ((value, written), (value / 100, scaled)) if ok]
     if marker == "°":
         return [value, value * sympy.pi / 180]
     return [value]
@@ -207,23 +235,61 @@ def _leaf_values(text: str) -> list[sympy.Basic]:
 def _is_text(s: str) -> bool:
     # A word of 4+ letters that is not a LaTeX command or a known function is prose ("Evelyn", "odd"), which
     # must compare as a string: as a product of symbols, anagrams would be equal.
-    words = re.findall(r"(?<![\\a-zA-Z])[a-zA-Z]{4,}", s)
+    words = re.findall(r"(?<![\\a-zA-Z])[a-zA-Z]{4,}", re.sub(r"\\(?:begin|end)\{[a-zA-Z*]*\}", "", s))
     return any(not _PLAIN_FUNCTIONS.fullmatch(w) for w in words)
 
 
+def _times_or_ratios_equal(a: str, b: str) -> bool:
+    """ "7:32" against "7:32" or "14:64" (a ratio); "1:00" against "12:00" (clock times) only when the same."""
+    ta, tb = _TIME_RE.match(a.replace(" ", "")), _TIME_RE.match(b.replace(" ", ""))
+    if ta or tb:
+        return bool(ta and tb) and [int(g or 0) for g in ta.groups()] == [int(g or 0) for g in tb.groups()]
+    ra, rb = _RATIO_RE.match(a), _RATIO_RE.match(b)
+    if not (ra and rb):
+        return False
+    parts = [parse_leaf(x) for x in (*ra.groups(), *rb.groups())]
+    if any(p is None or not isinstance(p, sympy.Expr) for p in parts) or any(p == 0 for p in parts[1::2]):
+        return False
+    return expressions_equal(parts[0] * parts[3], parts[1] * parts[2])
+
+
+def _approximates(decimal_text: str, other: str) -> bool:
+    """A decimal of 10+ significant digits ("4.123105625617661") that is ``other``'s value to its last digit."""
+    m = _LONG_DECIMAL_RE.match(decimal_text.strip())
+    if m is None or len((m.group(1) + m.group(2)).lstrip("0")) < APPROX_MIN_DIGITS:
+        return False
+    exact = parse_leaf(other)
+    if not isinstance(exact, sympy.Expr) or exact.free_symbols:
+        return False
+    value = exact.evalf(60)
+    if not value.is_real:
+        return False
+    return abs(value - sympy.Rational(decimal_text.strip())) < sympy.Rational(1, 10 ** len(m.group(2)))
+
+
+def _squash(s: str) -> str:
+    # Spaces go, except between two digits: "1 2" is not "12".
+    return re.sub(r"(?<!\d)\s+|\s+(?!\d)", "", s).casefold()
+
+
 def _leaves_equal(a: str, b: str) -> bool:
-    if a.replace(" ", "").casefold() == b.replace(" ", "").casefold():
+    if INVALID in (a, b) or divides_by_zero(a) or divides_by_zero(b):
+        return False
+    if _squash(a) == _squash(b):
         return True
     if _is_text(a) or _is_text(b):
         return False
+    if bool(_UNEVALUATED_RE.search(a)) != bool(_UNEVALUATED_RE.search(b)):
+        return False  # an unevaluated sum, integral or limit restates the question
+    if ":" in a or ":" in b:
+        return _times_or_ratios_equal(a, b)
     decided = quick_equal(a, b)
     if decided is not None:
         return decided
-    values_a, values_b = _leaf_values(a), _leaf_values(b)
-    if split_marker(a)[1] == split_marker(b)[1]:
-        # The same sign on both sides ("50%" and "0.5%") compares the written values only.
-        values_a, values_b = values_a[:1], values_b[:1]
-    return any(expressions_equal(x, y) for x in values_a for y in values_b)
+    values_a, values_b = _leaf_values(a, b), _leaf_values(b, a)
+    if any(expressions_equal(x, y) for x in values_a for y in values_b):
+        return True
+    return _approximates(a, b) or _approximates(b, a)
 
 
 def _is_symbol(text: str) -> bool:
@@ -255,16 +321,41 @@ def _unordered_match(a: tuple, b: tuple) -> bool:
     return all(augment(i, set()) for i in range(len(a)))
 
 
+def _answers_rhs(eq: Equation) -> bool:
+    """Whether an equation gives its answer on the right: a label ("f(x) = 1") or a computation ("5+6 = 11")."""
+    if is_label(eq.lhs):
+        return True
+    lhs, rhs = parse_leaf(eq.lhs), parse_leaf(eq.rhs)  # "7 = 11a + c" is an equation, not the answer 11a + c
+    return all(isinstance(e, sympy.Expr) and not e.free_symbols for e in (lhs, rhs))
+
+
+_DECIMAL_COMMA_PART = re.compile(r"^\d+$")
+
+
+def _decimal_comma(seq: Seq) -> Leaf | None:
+    """ "1000,99" or "0,111" (a bare two-item list of digits) read as a decimal with a comma: 1000.99, 0.111."""
+    if seq.open or len(seq.items) != 2 or not all(isinstance(x, Leaf) for x in seq.items):
+        return None
+    whole, frac = (x.text for x in seq.items)
+    if not (_DECIMAL_COMMA_PART.match(whole) and _DECIMAL_COMMA_PART.match(frac)):
+        return None
+    if len(frac) == 3 and whole != "0":
+        return None  # "1,000" is a thousand, never 1.000
+    return Leaf(f"{whole}.{frac}")
+
+
 def _structures_equal(a, b) -> bool:
     if isinstance(a, Equation) or isinstance(b, Equation):
         if isinstance(a, Equation) and isinstance(b, Equation):
-            if _is_symbol(a.lhs) and _is_symbol(b.lhs):
-                return _leaves_equal(a.rhs, b.rhs)
+            if is_label(a.lhs) and is_label(b.lhs):
+                return _structures_equal(parse_structure(a.rhs), parse_structure(b.rhs))
             e1, e2 = parse_leaf(f"{a.lhs} = {a.rhs}"), parse_leaf(f"{b.lhs} = {b.rhs}")
-            return e1 is not None and e2 is not None and expressions_equal(e1, e2)
+            if e1 is not None and e2 is not None and expressions_equal(e1, e2):
+                return True
+            return _answers_rhs(a) and _answers_rhs(b) and _leaves_equal(a.rhs, b.rhs)
         eq, other = (a, b) if isinstance(a, Equation) else (b, a)
-        # "x = 3" answers "3"; an equation whose left side is not a lone symbol does not.
-        return _is_symbol(eq.lhs) and _structures_equal(parse_structure(eq.rhs), other)
+        # "x = 3" answers "3"; "x + y = 3" does not.
+        return _answers_rhs(eq) and _structures_equal(parse_structure(eq.rhs), other)
     if isinstance(a, Seq) and isinstance(b, Seq):
         if len(a.items) != len(b.items):
             return False
@@ -279,8 +370,11 @@ def _structures_equal(a, b) -> bool:
     if isinstance(a, Leaf) and isinstance(b, Leaf):
         return _leaves_equal(a.text, b.text)
     leaf, seq = (a, b) if isinstance(a, Leaf) else (b, a)
-    if isinstance(leaf, Leaf) and isinstance(seq, Seq) and seq.open in "([":
-        interval = inequality_interval(leaf.text)  # "x > 3" against "(3, \infty)"
+    if isinstance(leaf, Leaf) and isinstance(seq, Seq):
+        decimal = _decimal_comma(seq)
+        if decimal is not None:
+            return _leaves_equal(decimal.text, leaf.text)
+        interval = inequality_interval(leaf.text)  # "x > 3" against "(3, \\infty)", "|z| < 1" against "(-1, 1)"
         return interval is not None and _structures_equal(interval, seq)
     return False
 
@@ -290,7 +384,12 @@ def is_equiv(pred: str, gold: str) -> bool:
     decided = quick_equal(pred, gold)
     if decided is not None:
         return decided
+    if units_conflict(pred, gold):
+        return False
     try:
-        return _structures_equal(parse_structure(normalize(pred)), parse_structure(normalize(gold)))
+        p, g = normalize(pred), normalize(gold)
+        if INVALID in (p, g):
+            return False
+        return _structures_equal(parse_structure(p), parse_structure(g))
     except Exception:  # sympy raises many types on odd input (TypeError on complex order, ...): not equal
         return False

@@ -17,7 +17,9 @@ from fastrl.rewards import (
 
 EXTRACTION = [
     ("The answer is \\boxed{42}.", "42"),
-    ("\\boxed{1} first, then \\boxed{2}", "2"),
+    ("\\boxed{1} first, then \\boxed{2}", "1, 2"),  # every box is part of the answer
+    ("\\boxed{3}. Let me check that again, it seems off by two. \\boxed{5}", None),  # hedging: no single answer
+    ("\\boxed{4} so \\boxed{4}", "4"),
     ("nested \\boxed{\\frac{1}{\\sqrt{2}}}", "\\frac{1}{\\sqrt{2}}"),
     ("set \\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
     ("\\fbox{7}", "7"),
