@@ -16,6 +16,7 @@ from fastrl.losses import LossConfig
 
 ADVANTAGE_SCALES = ("std", "batch-std", "none")
 ENGINES = ("auto", "hf", "vllm")
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 PACKING = ("auto", "on", "off")
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -45,7 +46,11 @@ class TrainConfig:
     max_completion_length: int = 32  # new tokens per completion
     temperature: float = 1.0  # sampling temperature (the loss uses the same one)
     top_p: float = 1.0  # nucleus sampling
-    vllm_gpu_memory_utilization: float = 0.35  # vLLM's share of GPU memory when colocated
+    vllm_gpu_memory_utilization: float = 0.35  # vLLM's share of GPU memory when colocated (on CPU: of host RAM)
+    vllm_dtype: str = "auto"  # vLLM weights: auto (bf16 and a GPU: bfloat16, else float32), float32, bfloat16, float16
+    vllm_kv_cache_gib: float = 0.0  # vLLM KV-cache size in GiB (0 = what vllm_gpu_memory_utilization leaves)
+    vllm_sleep_level: int = 1  # vLLM sleeps in updates where it can (GPU): 1 offloads weights, 2 drops them, 0 never
+    vllm_enforce_eager: bool = False  # vLLM without torch.compile / CUDA graphs: faster start, slower decoding
     # --- rewards and advantages ---
     rewards: tuple = ("accuracy:1.0", "format:0.1")  # "name:weight"; names from fastrl.trainer.rewards
     length_penalty: float = 0.0  # weight of the Kimi k1.5 length penalty (0 = off)
@@ -90,6 +95,8 @@ class TrainConfig:
             ("engine", ENGINES),
             ("packing", PACKING),
             ("lr_schedule", SCHEDULES),
+            ("vllm_dtype", VLLM_DTYPES),
+            ("vllm_sleep_level", (0, 1, 2)),
         ]
         for name, allowed in checks:
             if getattr(self, name) not in allowed:
@@ -108,6 +115,10 @@ class TrainConfig:
             raise ValueError(f"warmup_sft_noise must be in [0, 1], got {self.warmup_sft_noise}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
+        if not self.vllm_kv_cache_gib >= 0:
+            raise ValueError(f"vllm_kv_cache_gib must be >= 0, got {self.vllm_kv_cache_gib}")
         for spec in self.rewards:
             name, _, weight = str(spec).partition(":")
             try:
@@ -159,6 +170,7 @@ PRESETS = {
         num_threads=1,
         device="cpu",
         output_dir="runs/tiny",
+        vllm_kv_cache_gib=0.25,  # with --engine vllm: its CPU KV cache (the default share would be of host RAM)
     ),
     # GPU: a reasoning model on competition math with 32k-token completions and vLLM rollouts
     # (DeepScaleR's setup). The R1-distilled chat template opens the <think> block in the prompt, so the

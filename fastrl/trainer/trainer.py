@@ -23,17 +23,19 @@ from . import distributed as dist_utils
 from .build import build_reward, start_run
 from .config import TrainConfig
 from .metrics import MetricsLogger
-from .rollout import make_engine
+from .rollout import check_engine_available, make_engine
 from .stages import attach_logprobs, collect, minibatches, optimizer_step, save_run, should_save, step_record
 
 
 def train(config: TrainConfig) -> dict:
     """Run GRPO as configured; returns the last step's metrics. Resumable from `config.output_dir`."""
     t_start = time.time()
+    check_engine_available(config.engine)
     run = start_run(config)
     logger = MetricsLogger(config.output_dir, run.step if run.resumed else None, config.tensorboard,
                            enabled=run.rank == 0)  # fmt: skip
     engine = make_engine(config.engine, run.model, run.tokenizer, config)
+    engine.sync_weights(run.model)  # vLLM loaded config.model from disk; these weights may be warmed up or resumed
     reward = build_reward(config)
     bar = _progress_bar(config, run.step) if config.progress and run.rank == 0 else None
     t_run, record = time.time(), {}

@@ -4,12 +4,28 @@
 `model.generate` engine, `vllm_engine.py` the vLLM one (imported only when chosen).
 """
 
+import importlib.util
+
 import torch
 
 from .engine import Completion, RolloutEngine, build_prompt
 from .hf_engine import HFEngine, trim_completion
 
-__all__ = ["Completion", "HFEngine", "RolloutEngine", "build_prompt", "make_engine", "trim_completion"]
+__all__ = [
+    "Completion",
+    "HFEngine",
+    "RolloutEngine",
+    "build_prompt",
+    "check_engine_available",
+    "make_engine",
+    "trim_completion",
+]
+
+
+def check_engine_available(name: str) -> None:
+    """Fail before a model is built when `name` is "vllm" and vLLM is not importable."""
+    if name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ImportError("engine='vllm' needs vLLM: pip install 'fastrl[vllm]' (GPU) or see docs/trainer.md (CPU)")
 
 
 def make_engine(name: str, model, tokenizer, config) -> RolloutEngine:
@@ -26,7 +42,7 @@ def make_engine(name: str, model, tokenizer, config) -> RolloutEngine:
     if name == "vllm":
         from .vllm_engine import VLLMEngine
 
-        return VLLMEngine(config, tokenizer)
+        return VLLMEngine(config, tokenizer, model)
     if name == "hf":
         return HFEngine(model, tokenizer, config.max_completion_length, config.temperature, config.top_p)
     raise ValueError(f"unknown rollout engine {name!r}; use 'auto', 'hf' or 'vllm'")

@@ -27,6 +27,14 @@ class RolloutEngine(Protocol):
         ...
 
 
+def end_token_ids(model, tokenizer) -> list[int]:
+    """The tokenizer's EOS plus the model's generation-config end tokens (chat models end turns differently)."""
+    ids = [tokenizer.eos_token_id]
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += extra if isinstance(extra, (list, tuple)) else [extra]
+    return sorted({i for i in ids if i is not None})
+
+
 def build_prompt(tokenizer, question: str, template: str, chat: bool, max_length: int) -> list[int]:
     """Token ids of one prompt: the template filled with the question, optionally in the chat template."""
     text = template.format(prompt=question)

@@ -3,7 +3,7 @@
 import torch
 from transformers import GenerationConfig
 
-from .engine import Completion
+from .engine import Completion, end_token_ids
 
 
 def trim_completion(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
@@ -17,14 +17,6 @@ def trim_completion(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]
     return ids, True
 
 
-def _end_token_ids(model, tokenizer) -> list[int]:
-    """The tokenizer's EOS plus the model's generation-config end tokens (chat models end turns differently)."""
-    ids = [tokenizer.eos_token_id]
-    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids += extra if isinstance(extra, (list, tuple)) else [extra]
-    return sorted({i for i in ids if i is not None})
-
-
 class HFEngine:
     """Sampling with `model.generate` on the training model itself (CPU, or GPU without vLLM).
 
@@ -36,7 +28,7 @@ class HFEngine:
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.eos_ids = _end_token_ids(model, tokenizer)
+        self.eos_ids = end_token_ids(model, tokenizer)
         # Our own config, swapped in during generate: transformers fills "unset" fields of a passed config
         # from model.generation_config, so a model default (top_k, repetition_penalty, ...) would otherwise
         # change the sampling distribution away from the one the loss scores (softmax(logits / T), top-p).

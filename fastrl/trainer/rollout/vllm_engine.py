@@ -1,38 +1,85 @@
-"""vLLM rollouts colocated with training on one GPU (sleep while training, wake to generate).
+"""vLLM rollouts in the trainer's process, colocated with training (GPU) or beside it (vLLM's CPU build).
 
-Written against vLLM's documented Python API (`LLM(..., enable_sleep_mode=True)`, `LLM.sleep(level=1)`,
-`LLM.wake_up(tags=[...])`, `SamplingParams(n=..., logprobs=0)`, `LLM.apply_model` / in-process model
-access for weight loading). NOT EXERCISED in this repository's CI: vLLM does not install on the CPU
-machines the tests run on. The HF engine in `hf_engine.py` implements the same interface and is tested.
-The sampled-token log-probs are vLLM's defaults (raw model log-probs in older versions): they match the
-trainer's only at temperature 1 and top_p 1, which the `is_cap` correction assumes.
+Cycle per rollout batch: `generate` -> `sleep` (where the platform has sleep mode: weights offloaded or
+dropped, KV cache freed, the trainer gets the memory) -> updates -> `sync_weights` (wake the weights, load
+the trainer's, wake the KV cache, reset the prefix cache) -> `generate` ... The trainer also syncs once
+before the first batch: vLLM loads `config.model` from disk, the trainer's copy may be warmed up or resumed.
 
-Cycle per optimizer step: `generate` (engine awake) -> `sleep` (weights offloaded, KV cache freed, the
-trainer gets the memory) -> update -> `sync_weights` (wake the weights only, load the new ones, then
-wake the KV cache) -> `generate` ...
+- Weight sync: vLLM's in-place reload (`collective_rpc("reload_weights", ...)`) runs each layer's own
+  loader and then vLLM's post-load processing again, so it also serves layers whose kernels repack their
+  weights after loading (the CPU build's oneDNN linears, quantized GPU layers), where calling
+  `model.load_weights` on the engine's model fails or leaves stale packed copies.
+- Log-probs: `logprobs_mode="processed_logprobs"`, the sampled token's log-prob under the distribution
+  it was drawn from (after temperature and top-p): what the `is_cap` correction needs (docs/math.md §2).
+- vLLM reseeds the global RNGs and fixes torch's thread count while it starts; the trainer's are restored.
+
+Tested on vLLM's CPU build (tests/vllm). Only a GPU run exercises the sleep / wake-up calls.
 """
 
+import contextlib
 import os
+import random
+import tempfile
 
-from .engine import Completion
+import torch
+
+from .engine import Completion, end_token_ids
+
+
+def vllm_dtype(config, model) -> str:
+    """The dtype vLLM serves in: `config.vllm_dtype`, where "auto" is bfloat16 for bf16 on a GPU, else float32."""
+    if config.vllm_dtype != "auto":
+        return config.vllm_dtype
+    return "bfloat16" if config.bf16 and next(model.parameters()).is_cuda else "float32"
+
+
+@contextlib.contextmanager
+def _trainer_state_kept():
+    """Leave Python's, NumPy's and torch's RNG states and torch's CPU threads as they were."""
+    import numpy  # a vLLM requirement
+
+    py_state, np_state = random.getstate(), numpy.random.get_state()
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+    random.setstate(py_state)
+    numpy.random.set_state(np_state)
+    torch.set_num_threads = set_threads  # vLLM's CPU worker replaces it with a no-op
+    torch.set_num_threads(threads)
 
 
 class VLLMEngine:
-    def __init__(self, config, tokenizer):
-        # Weight loading reaches into the engine's model, which must live in this process.
+    def __init__(self, config, tokenizer, model):
+        # The weights are handed to the engine's model by reference: it must live in this process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM, SamplingParams
+        from vllm.platforms import current_platform
 
-        self.tokenizer = tokenizer
-        self.llm = LLM(
-            model=config.model,
-            enable_sleep_mode=True,
-            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-            max_model_len=config.max_prompt_length + config.max_completion_length,
-            seed=config.seed,
-            dtype="bfloat16",
-        )
-        self._params = SamplingParams
+        self.tokenizer, self._params = tokenizer, SamplingParams
+        path = config.model
+        if config.model == "tiny":  # in memory only: write it, with a fast tokenizer, where vLLM can load it
+            from ..tiny import save_tiny
+
+            self._export = tempfile.TemporaryDirectory(prefix="fastrl-tiny-")
+            path = save_tiny(model, tokenizer, self._export.name)
+        self.sleep_level = config.vllm_sleep_level if current_platform.is_sleep_mode_available() else 0
+        extra = {}
+        if config.vllm_kv_cache_gib:
+            extra["kv_cache_memory_bytes"] = int(config.vllm_kv_cache_gib * 2**30)
+        with _trainer_state_kept():
+            self.llm = LLM(
+                model=path,
+                dtype=vllm_dtype(config, model),
+                enable_sleep_mode=self.sleep_level > 0,
+                gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                max_model_len=config.max_prompt_length + config.max_completion_length,
+                seed=config.seed,
+                logprobs_mode="processed_logprobs",
+                enforce_eager=config.vllm_enforce_eager,
+                **extra,
+            )
+        self.stop_ids = end_token_ids(model, tokenizer)  # the HF engine's end tokens
         self.max_new_tokens, self.temperature, self.top_p = (
             config.max_completion_length,
             config.temperature,
@@ -41,7 +88,10 @@ class VLLMEngine:
         self.asleep = False
 
     def generate(self, prompts: list[list[int]], n: int, want_logprobs: bool = False) -> list[Completion]:
-        if self.asleep:
+        """`n` samples for each prompt, grouped: completions [i*n : (i+1)*n] belong to prompts[i]."""
+        if not prompts:
+            return []
+        if self.asleep:  # only when generate runs without a sync since the last batch
             self.llm.wake_up()
             self.asleep = False
         params = self._params(
@@ -50,28 +100,28 @@ class VLLMEngine:
             top_p=self.top_p,
             max_tokens=self.max_new_tokens,
             logprobs=0 if want_logprobs else None,  # 0: only the sampled token's log-prob
+            stop_token_ids=self.stop_ids,
+            detokenize=False,  # the trainer decodes with its own tokenizer
         )
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         result = []
         for prompt, out in zip(prompts, outs):
             for c in out.outputs:
-                ids = list(c.token_ids)
-                # with logprobs=0 each position's dict holds the sampled token's Logprob
+                ids = list(c.token_ids)  # ends with the end token unless cut at max_tokens
                 lp = [d[t].logprob for d, t in zip(c.logprobs, ids)] if want_logprobs else None
                 result.append(Completion(list(prompt), ids, c.finish_reason == "length", lp))
-        self.llm.sleep(level=1)
-        self.asleep = True
+        if self.sleep_level:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
         return result
 
     def sync_weights(self, model) -> None:
-        """Push the trainer's weights into the sleeping engine (weights woken first, KV cache after)."""
-        self.llm.wake_up(tags=["weights"])
-        weights = list(model.state_dict().items())
-        if hasattr(self.llm, "apply_model"):  # vLLM >= 0.9: run a function on the engine's model
-            self.llm.apply_model(lambda m: m.load_weights(weights=weights))
-        else:  # older in-process engines: reach the model through the driver worker
-            worker = self.llm.llm_engine.model_executor.driver_worker
-            runner = worker.worker.model_runner if hasattr(worker, "worker") else worker.model_runner
-            runner.model.load_weights(weights=weights)
-        self.llm.wake_up(tags=["kv_cache"])
-        self.asleep = False
+        """Load `model`'s current weights into the engine; prompts cached under the old ones are dropped."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        weights = iter(model.state_dict().items())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        self.llm.reset_prefix_cache()

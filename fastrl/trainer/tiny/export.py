@@ -1,0 +1,34 @@
+"""The tiny pair as a Hugging Face model directory, for engines that load a model from disk (vLLM).
+
+`fast_tokenizer` builds, offline, a `PreTrainedTokenizerFast` with the character tokenizer's ids: every
+markup token whole, then one token per character, `<bos>` first when special tokens are added, and a
+decoder that joins tokens without spaces.
+"""
+
+import re
+
+from .model import MARKUP, CharTokenizer
+
+
+def fast_tokenizer(tokenizer: CharTokenizer):
+    """A Hugging Face fast tokenizer that encodes and decodes like `tokenizer`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel(vocab=dict(tokenizer.token_to_id), unk_token=None))
+    markup = "|".join(re.escape(m) for m in sorted(MARKUP, key=len, reverse=True))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(f"{markup}|[\\s\\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    bos = tokenizer.vocab[tokenizer.bos_token_id]
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.bos_token_id)]
+    )
+    pad, eos = tokenizer.vocab[tokenizer.pad_token_id], tokenizer.vocab[tokenizer.eos_token_id]
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=pad, bos_token=bos, eos_token=eos)
+
+
+def save_tiny(model, tokenizer: CharTokenizer, path: str) -> str:
+    """Write `model` (weights and config) and the fast tokenizer to the directory `path`; returns `path`."""
+    model.save_pretrained(path)
+    fast_tokenizer(tokenizer).save_pretrained(path)
+    return path

@@ -1,0 +1,17 @@
+"""The vLLM tests run where vLLM is importable (its own venv: `bash .ci/vllm.sh`); elsewhere they are not collected.
+
+`FASTRL_REQUIRE_VLLM=1` (set by .ci/vllm.sh) turns a missing vLLM into a collection error, so the CI job
+can never pass by skipping them.
+"""
+
+import importlib.util
+import os
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+if not HAVE_VLLM and os.environ.get("FASTRL_REQUIRE_VLLM") == "1":
+    raise RuntimeError("FASTRL_REQUIRE_VLLM=1 but vllm is not importable in this Python")
+collect_ignore_glob = [] if HAVE_VLLM else ["test_*.py"]
+
+# In-process engine (the weights are synced by reference) and no hub look-ups.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
