@@ -19,7 +19,7 @@ import sys
 
 from fastrl.losses import LossConfig
 
-from .config import PRESETS, TrainConfig, config_fields, config_to_dict, make_config
+from .config import PRESETS, TrainConfig, config_fields, config_to_dict, make_config, read_config_file
 from .preflight import build_reward
 from .validate import ConfigError
 
@@ -72,7 +72,7 @@ def parse_config(argv: list[str]) -> tuple[TrainConfig, dict]:
     return make_config(preset, file, **given), {"print_config": print_config}
 
 
-def describe(error: ConfigError, given: dict) -> str:
+def describe(error: ConfigError, given: dict, file: str | None = None) -> str:
     """The one-line message of a bad value, naming the flag (or the config file's key) and the value."""
     field = error.field
     if field is None:
@@ -83,7 +83,16 @@ def describe(error: ConfigError, given: dict) -> str:
     if field in given:
         value = given[field]
         return f"{flag}: {error.reason}" if isinstance(value, bool) else f"{flag} {value}: {error.reason}"
+    if file is not None and field in _file_keys(file):
+        return f"{field}={error.value!r} in {file}: {error.reason}"
     return f"{field}={error.value!r}: {error.reason}"
+
+
+def _file_keys(file: str) -> set:
+    try:
+        return set(read_config_file(file))
+    except ConfigError:
+        return set()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
         last = train(config)
     except ConfigError as e:
-        print(f"fastrl: error: {describe(e, given)}", file=sys.stderr)
+        print(f"fastrl: error: {describe(e, given, file)}", file=sys.stderr)
         return 2
     if last:
         keys = ("step", "reward_correct_mean", "reward_mean", "loss", "elapsed_s")

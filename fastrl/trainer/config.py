@@ -17,7 +17,15 @@ from fastrl.losses import LossConfig
 
 from .validate import ConfigError, check_fields, check_value, coerce
 
-__all__ = ["PRESETS", "ConfigError", "TrainConfig", "config_fields", "config_to_dict", "make_config"]
+__all__ = [
+    "PRESETS",
+    "ConfigError",
+    "TrainConfig",
+    "config_fields",
+    "config_to_dict",
+    "make_config",
+    "read_config_file",
+]
 
 
 @dataclass(frozen=True)
@@ -178,7 +186,7 @@ PRESETS = {
 }
 
 
-def _read_file(file: str) -> dict:
+def read_config_file(file: str) -> dict:
     """The mapping of config fields in a YAML or JSON file; ConfigError naming the file otherwise."""
     try:
         with open(file, encoding="utf-8") as f:
@@ -216,7 +224,7 @@ def make_config(preset: str | None = None, file: str | None = None, **overrides)
             raise ConfigError("preset", preset, f"must be one of {', '.join(sorted(PRESETS))}")
         values.update(PRESETS[preset])
     if file is not None:
-        loaded = _read_file(file)
+        loaded = read_config_file(file)
         unknown = sorted(set(loaded) - set(config_fields()) - {"loss"})
         if unknown:
             raise ConfigError(unknown[0], loaded[unknown[0]], f"is not a config field (in {file})")

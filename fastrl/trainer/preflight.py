@@ -4,7 +4,6 @@ value, raised in seconds instead of after a model download and a warm-up.
 """
 
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -63,15 +62,13 @@ def _check_dataset(config: TrainConfig) -> None:
         if not os.path.isfile(source):
             raise ConfigError("dataset", source, "no such file")
         return
-    if importlib.util.find_spec("datasets") is None:
-        raise ConfigError(
-            "dataset", source, "a Hugging Face dataset needs the `datasets` package: pip install datasets"
-            " (or pip install 'fastrl[data]'); a local .jsonl file needs nothing",
-        )  # fmt: skip
     try:
         import datasets  # noqa: F401
     except ImportError as e:
-        raise ConfigError("dataset", source, f"the `datasets` package does not import ({e}): pip install datasets")
+        raise ConfigError(
+            "dataset", source, f"a Hugging Face dataset needs the `datasets` package ({e}): pip install datasets "
+            "(or pip install 'fastrl[data]'); a local .jsonl file needs nothing",
+        ) from None  # fmt: skip
 
 
 def _check_device(config: TrainConfig) -> None:

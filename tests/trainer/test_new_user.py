@@ -103,7 +103,7 @@ def test_hf_dataset_without_datasets_package_fails_before_the_model(workdir):
     env = {"PYTHONPATH": os.pathsep.join([str(shim), str(ROOT)])}
     proc = fastrl("train", "--preset", "math-32k", "--output-dir", str(workdir / "m"), cwd=workdir, env=env)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
-    assert "--dataset" in proc.stderr and "datasets" in proc.stderr and "pip install" in proc.stderr
+    assert "dataset='agentica-org/DeepScaleR-Preview-Dataset'" in proc.stderr and "pip install" in proc.stderr
 
 
 def test_help_shows_every_default(workdir):
