@@ -20,6 +20,7 @@ setup(
         "triton": ["triton>=3.3"],
         "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib", "trl>=1.16,<1.17"],
         "bench": ["pytest-benchmark>=4", "matplotlib"],
+        "data": ["datasets"],
         "vllm": ["vllm>=0.8"],
         "tensorboard": ["tensorboard"],
     },

@@ -7,19 +7,18 @@ import copy
 import math
 import os
 import random
+import sys
 from dataclasses import dataclass
 
 import torch
 
 from . import distributed as dist_utils
-from .checkpoint import latest_checkpoint, load_checkpoint
+from .checkpoint import list_checkpoints, resume_checkpoint
 from .config import TrainConfig
-from .rewards import accuracy_reward, combine_rewards, format_reward
 from .tasks import PromptStream, load_problems
 from .tiny import CharTokenizer, sft_warmup, tiny_model
 from .update import supports_packing
-
-REWARD_FNS = {"accuracy": accuracy_reward, "format": format_reward}
+from .validate import ConfigError
 
 
 @dataclass
@@ -81,17 +80,6 @@ def build_model(config: TrainConfig, device: torch.device):
     return model, tokenizer
 
 
-def build_reward(config: TrainConfig):
-    """The weighted sum of the `config.rewards` terms ("name:weight")."""
-    terms = []
-    for spec in config.rewards:
-        name, _, weight = spec.partition(":")
-        if name not in REWARD_FNS:
-            raise ValueError(f"unknown reward {name!r} in {spec!r}; known: {sorted(REWARD_FNS)}")
-        terms.append((name, REWARD_FNS[name], float(weight or 1.0)))
-    return combine_rewards(terms)
-
-
 def make_scheduler(optimizer, config: TrainConfig):
     """Linear warm-up over `lr_warmup_steps`, then constant, cosine or linear decay to `max_steps`."""
     warm, total = config.lr_warmup_steps, config.max_steps
@@ -121,20 +109,26 @@ def start_run(config: TrainConfig) -> Run:
             f"prompts_per_step={config.prompts_per_step} must split evenly over {world} ranks and then "
             f"into minibatches={config.minibatches}"
         )
+    # the data before the model: a dataset that does not load must not cost a model download first
+    try:
+        problems = load_problems(
+            config.dataset,
+            config.seed,
+            split=config.dataset_split,
+            prompt_key=config.prompt_key,
+            answer_key=config.answer_key,
+        )
+    except (OSError, ValueError) as e:  # a missing key or column, an unknown HF dataset, no network
+        raise ConfigError("dataset", config.dataset, f"cannot be loaded: {str(e).splitlines()[0]}") from e
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     model, tokenizer = build_model(config, device)
     packed = config.packing == "on" or (config.packing == "auto" and supports_packing(model))
-    problems = load_problems(
-        config.dataset,
-        config.seed,
-        split=config.dataset_split,
-        prompt_key=config.prompt_key,
-        answer_key=config.answer_key,
-    )
-    resume_from = latest_checkpoint(config.output_dir) if config.resume else None
-    if config.warmup_sft_steps and resume_from is None:
-        sft_warmup(model, tokenizer, problems, config, packed, progress=config.progress and rank == 0)
+    resuming = config.resume and bool(list_checkpoints(config.output_dir))
+    if config.warmup_sft_steps and not resuming:
+        loss = sft_warmup(model, tokenizer, problems, config, packed, progress=config.progress and rank == 0)
+        if not config.progress and config.log_every and rank == 0:
+            print(f"sft warm-up: {config.warmup_sft_steps} steps, last loss {loss:.4f}", file=sys.stderr, flush=True)
     ref_model = None
     if config.loss.beta > 0:  # the policy as GRPO starts (after any warm-up); frozen
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -143,10 +137,10 @@ def start_run(config: TrainConfig) -> Run:
     )
     run = Run(model, tokenizer, ref_model, optimizer, make_scheduler(optimizer, config),
               PromptStream(problems, config.seed), packed, rank, own_group)  # fmt: skip
-    if resume_from is None:
+    _, state = resume_checkpoint(config.output_dir, model, optimizer, run.scheduler) if resuming else (None, None)
+    if state is None:
         torch.manual_seed(config.seed * 7919 + rank)  # ranks sample differently
         return run
-    state = load_checkpoint(resume_from, model, optimizer, run.scheduler)
     run.resumed, run.step, run.stream.position = True, state["step"], state["data_position"]
     run.elapsed_before = state.get("elapsed_s", 0.0)
     if ref_model is not None and "ref_model" in state:

@@ -19,7 +19,9 @@ import sys
 
 from fastrl.losses import LossConfig
 
-from .config import PRESETS, TrainConfig, config_fields, config_to_dict, make_config
+from .config import PRESETS, TrainConfig, config_fields, config_to_dict, make_config, read_config_file
+from .preflight import build_reward
+from .validate import ConfigError
 
 
 def _field_help() -> dict:
@@ -28,10 +30,19 @@ def _field_help() -> dict:
     return {m.group(1): m.group(2) for m in re.finditer(r"^\s+(\w+): [^=]+=.*?#\s*(.+)$", src, re.MULTILINE)}
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block: the message names the flag
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _shown(default) -> str:
+    if isinstance(default, tuple):
+        return ",".join(map(str, default))
+    return str(default)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fastrl", description="fastrl: GRPO training with fused, memory-bounded losses"
-    )
+    parser = _Parser(prog="fastrl", description="fastrl: GRPO training with fused, memory-bounded losses")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run GRPO training", argument_default=argparse.SUPPRESS)
     train.add_argument("--preset", choices=sorted(PRESETS), help="start from a named configuration")
@@ -40,34 +51,64 @@ def build_parser() -> argparse.ArgumentParser:
     helps = _field_help()
     for name, default in config_fields().items():
         flag = "--" + name.replace("_", "-")
+        text = f"{helps.get(name, '')} (default: {_shown(default)})".strip().replace("%", "%%")
         if isinstance(default, bool):
-            train.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=helps.get(name))
+            train.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=text)
         else:
-            train.add_argument(flag, dest=name, metavar=name.upper(), help=helps.get(name))
+            train.add_argument(flag, dest=name, metavar=name.upper(), help=text)
     return parser
 
 
-def parse_config(argv: list[str]) -> tuple[TrainConfig, dict]:
+def _parse(argv: list[str]) -> tuple[str | None, str | None, bool, dict]:
+    """(preset, config file, --print-config, {field: the flag's value as given})."""
     args = vars(build_parser().parse_args(argv))
     args.pop("command")
-    preset, file = args.pop("preset", None), args.pop("config", None)
-    flags = {"print_config": args.pop("print_config", False)}
-    return make_config(preset, file, **args), flags
+    return args.pop("preset", None), args.pop("config", None), args.pop("print_config", False), args
+
+
+def parse_config(argv: list[str]) -> tuple[TrainConfig, dict]:
+    """(config, {"print_config": bool}); ConfigError (a ValueError) on a bad value."""
+    preset, file, print_config, given = _parse(argv)
+    return make_config(preset, file, **given), {"print_config": print_config}
+
+
+def describe(error: ConfigError, given: dict, file: str | None = None) -> str:
+    """The one-line message of a bad value, naming the flag (or the config file's key) and the value."""
+    field = error.field
+    if field is None:
+        return error.reason
+    flag = "--" + field.replace("_", "-")
+    if field in ("config", "preset"):
+        return f"{flag} {error.value}: {error.reason}"
+    if field in given:
+        value = given[field]
+        return f"{flag}: {error.reason}" if isinstance(value, bool) else f"{flag} {value}: {error.reason}"
+    if file is not None and field in _file_keys(file):
+        return f"{field}={error.value!r} in {file}: {error.reason}"
+    return f"{field}={error.value!r}: {error.reason}"
+
+
+def _file_keys(file: str) -> set:
+    try:
+        return set(read_config_file(file))
+    except ConfigError:
+        return set()
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    preset, file, print_config, given = _parse(sys.argv[1:] if argv is None else argv)
     try:
-        config, flags = parse_config(argv)
-    except (TypeError, ValueError) as e:
-        print(f"fastrl: error: {e}", file=sys.stderr)
-        return 2
-    if flags["print_config"]:
-        print(json.dumps(config_to_dict(config), indent=2))
-        return 0
-    from .trainer import train
+        config = make_config(preset, file, **given)
+        if print_config:
+            build_reward(config)  # a reward of the user's own must import
+            print(json.dumps(config_to_dict(config), indent=2))
+            return 0
+        from .trainer import train
 
-    last = train(config)
+        last = train(config)
+    except ConfigError as e:
+        print(f"fastrl: error: {describe(e, given, file)}", file=sys.stderr)
+        return 2
     if last:
         keys = ("step", "reward_correct_mean", "reward_mean", "loss", "elapsed_s")
         print(json.dumps({k: last[k] for k in keys if k in last}))

@@ -10,15 +10,22 @@ fields. The loss's `temperature` and `max_completion_length` are the sampler's (
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
 
 from fastrl.losses import LossConfig
 
-ADVANTAGE_SCALES = ("std", "batch-std", "none")
-ENGINES = ("auto", "hf", "vllm")
-VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
-PACKING = ("auto", "on", "off")
-SCHEDULES = ("constant", "cosine", "linear")
+from .validate import ConfigError, check_fields, check_value, coerce
+
+__all__ = [
+    "PRESETS",
+    "ConfigError",
+    "TrainConfig",
+    "config_fields",
+    "config_to_dict",
+    "make_config",
+    "read_config_file",
+]
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,7 @@ class TrainConfig:
     vllm_sleep_level: int = 1  # vLLM sleeps in updates where it can (GPU): 1 offloads weights, 2 drops them, 0 never
     vllm_enforce_eager: bool = False  # vLLM without torch.compile / CUDA graphs: faster start, slower decoding
     # --- rewards and advantages ---
-    rewards: tuple = ("accuracy:1.0", "format:0.1")  # "name:weight"; names from fastrl.trainer.rewards
+    rewards: tuple = ("accuracy:1.0", "format:0.1")  # "name:weight" (accuracy, format) or "module:function:weight"
     length_penalty: float = 0.0  # weight of the Kimi k1.5 length penalty (0 = off)
     overlong_buffer: int = 0  # DAPO soft overlong penalty over the last N tokens (0 = off)
     mask_truncated: bool = False  # drop completions that hit max_completion_length from the loss
@@ -80,51 +87,32 @@ class TrainConfig:
     save_steps: int = 0  # checkpoint every N optimizer steps (0 = only at the end)
     keep_checkpoints: int = 2  # complete checkpoints kept on disk
     resume: bool = False  # continue from the latest checkpoint in output_dir
+    overwrite: bool = False  # delete the checkpoints and metrics of an earlier run in output_dir, then start
     seed: int = 0  # seeds model init, data order and sampling
     log_entropy: bool = True  # log the policy entropy (one extra no-grad pass over the vocabulary)
     tensorboard: bool = False  # also write TensorBoard scalars (needs the tensorboard package)
     progress: bool = True  # tqdm progress bar
+    log_every: int = 10  # without the progress bar: print one line of metrics every N steps (0 = never)
     num_threads: int = 0  # torch CPU threads (0 = torch's default)
-    device: str = "auto"  # auto / cpu / cuda
+    device: str = "auto"  # auto / cpu / cuda / cuda:<index>
 
     def __post_init__(self):
         if not isinstance(self.loss, LossConfig):
             raise TypeError(f"loss must be a fastrl.LossConfig, got {type(self.loss).__name__}")
-        checks = [
-            ("advantage_scale", ADVANTAGE_SCALES),
-            ("engine", ENGINES),
-            ("packing", PACKING),
-            ("lr_schedule", SCHEDULES),
-            ("vllm_dtype", VLLM_DTYPES),
-            ("vllm_sleep_level", (0, 1, 2)),
-        ]
-        for name, allowed in checks:
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        positive = ("prompts_per_step", "group_size", "max_completion_length", "max_tokens_per_microbatch")
-        for name in positive + ("ppo_epochs", "minibatches", "max_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(self)  # each value alone: type, range, choices (validate.RULES)
         if self.prompts_per_step % self.minibatches:
-            raise ValueError(
-                f"prompts_per_step={self.prompts_per_step} must be divisible by minibatches={self.minibatches}"
-            )
+            raise ConfigError("minibatches", self.minibatches, f"must divide prompts_per_step={self.prompts_per_step}")
         if self.group_size < 2 and self.advantage_scale != "none":
-            raise ValueError(f"group_size={self.group_size}: group-normalized advantages need at least 2")
-        if not 0.0 <= self.warmup_sft_noise <= 1.0:
-            raise ValueError(f"warmup_sft_noise must be in [0, 1], got {self.warmup_sft_noise}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if not 0.0 < self.vllm_gpu_memory_utilization <= 1.0:
-            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
-        if not self.vllm_kv_cache_gib >= 0:
-            raise ValueError(f"vllm_kv_cache_gib must be >= 0, got {self.vllm_kv_cache_gib}")
-        for spec in self.rewards:
-            name, _, weight = str(spec).partition(":")
-            try:
-                float(weight or 1.0)
-            except ValueError:
-                raise ValueError(f"reward spec {spec!r} must be 'name' or 'name:weight'") from None
+            raise ConfigError(
+                "group_size", self.group_size, "group-normalized advantages need at least 2 (or advantage_scale=none)"
+            )
+        if self.warmup_sft_steps and not self.dataset.startswith("arithmetic"):
+            raise ConfigError(
+                "dataset", self.dataset, f"the supervised warm-up (warmup_sft_steps={self.warmup_sft_steps}) needs an "
+                "arithmetic dataset: set --warmup-sft-steps 0",
+            )  # fmt: skip
+        if self.resume and self.overwrite:
+            raise ConfigError("overwrite", True, "--resume continues the run in output_dir; --overwrite deletes it")
         for name in SAMPLER_KNOBS:
             given, ours, default = getattr(self.loss, name), getattr(self, name), _LOSS_DEFAULTS[name]
             if given not in (default, ours):
@@ -203,46 +191,49 @@ PRESETS = {
 }
 
 
-def _coerce(name: str, value, default):
-    """Turn a string (CLI / loose YAML) into the type of the field's default."""
-    if isinstance(default, tuple):
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v]
-        return tuple(value)
-    if not isinstance(value, str):
-        return value
-    if isinstance(default, bool):
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{name} expects a boolean, got {value!r}")
-    if default is None:  # optional floats
-        return None if value.lower() in ("none", "null", "") else float(value)
+def read_config_file(file: str) -> dict:
+    """The mapping of config fields in a YAML or JSON file; ConfigError naming the file otherwise."""
     try:
-        return type(default)(value)
-    except ValueError:
-        raise ValueError(f"{name} expects {type(default).__name__}, got {value!r}") from None
+        with open(file, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError("config", file, f"cannot be read: {e.strerror or e}") from None
+    try:
+        if file.endswith((".yaml", ".yml")):
+            import yaml
+
+            loaded = yaml.safe_load(text)
+        else:
+            loaded = json.loads(text)
+    except Exception as e:  # yaml.YAMLError / json.JSONDecodeError: say where, in one line
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError("config", file, f"is not valid {'YAML' if file.endswith(('yaml', 'yml')) else 'JSON'}"
+                          f"{at}: {problem}") from None  # fmt: skip
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError("config", file, f"must hold a mapping of config fields, got a {type(loaded).__name__}")
+    return {str(k).replace("-", "_"): v for k, v in loaded.items()}
 
 
 def make_config(preset: str | None = None, file: str | None = None, **overrides) -> TrainConfig:
-    """Build a TrainConfig from a preset name, a YAML/JSON file and keyword overrides (later wins)."""
+    """Build a TrainConfig from a preset name, a YAML/JSON file and keyword overrides (later wins).
+
+    Raises ConfigError (a ValueError) naming the field and the value, or the file.
+    """
     values: dict = {}
     if preset is not None:
         if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+            raise ConfigError("preset", preset, f"must be one of {', '.join(sorted(PRESETS))}")
         values.update(PRESETS[preset])
     if file is not None:
-        with open(file, encoding="utf-8") as f:
-            if file.endswith((".yaml", ".yml")):
-                import yaml
-
-                loaded = yaml.safe_load(f) or {}
-            else:
-                loaded = json.load(f)
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{file} must hold a mapping of config fields, got {type(loaded).__name__}")
-        values.update({k.replace("-", "_"): v for k, v in loaded.items()})
+        loaded = read_config_file(file)
+        unknown = sorted(set(loaded) - set(config_fields()) - {"loss"})
+        if unknown:
+            raise ConfigError(unknown[0], loaded[unknown[0]], f"is not a config field (in {file})")
+        values.update(loaded)
     values.update(overrides)
     return _build(values)
 
@@ -254,16 +245,26 @@ def _build(values: dict) -> TrainConfig:
     base = loss if isinstance(loss, LossConfig) else None  # TrainConfig checks its sampler knobs
     loss = {} if base is not None else loss
     if loss is not None and not isinstance(loss, dict):
-        raise ValueError(f"loss must be a mapping of loss knobs or a LossConfig, got {type(loss).__name__}")
+        raise ConfigError("loss", loss, "must be a mapping of loss knobs or a LossConfig")
     loss_values = {k.replace("-", "_"): v for k, v in (loss or {}).items()}
     loss_values.update({k: values.pop(k) for k in LOSS_KNOBS if k in values})
-    trainer_defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name != "loss"}
-    unknown = sorted((set(values) - set(trainer_defaults)) | (set(loss_values) - set(LOSS_KNOBS)))
+    hints = typing.get_type_hints(TrainConfig)
+    unknown = sorted((set(values) - set(hints) - {"loss"}) | (set(loss_values) - set(LOSS_KNOBS)))
     if unknown:
-        raise ValueError(f"unknown config field(s) {unknown}")
-    trainer_values = {k: _coerce(k, v, trainer_defaults[k]) for k, v in values.items()}
-    sampler = {k: trainer_values.get(k, trainer_defaults[k]) for k in SAMPLER_KNOBS}
-    loss_values = {k: _coerce(k, v, _LOSS_DEFAULTS[k]) for k, v in loss_values.items()}
+        raise ConfigError(unknown[0], {**values, **loss_values}[unknown[0]], "is not a config field")
+    trainer_values = {k: coerce(k, v, hints[k]) for k, v in values.items()}
+    for name, value in trainer_values.items():
+        check_value(name, value, hints[name])
+    loss_hints = typing.get_type_hints(LossConfig)
+    loss_values = {k: coerce(k, v, loss_hints[k]) for k, v in loss_values.items()}
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name != "loss"}
+    sampler = {k: trainer_values.get(k, defaults[k]) for k in SAMPLER_KNOBS}
+    # each loss knob alone first, so an error names the knob that is wrong
+    for name, value in loss_values.items():
+        try:
+            LossConfig(**{**sampler, name: value})
+        except (TypeError, ValueError) as e:
+            raise ConfigError(name, value, str(e)) from None
     if base is not None:
         return TrainConfig(**trainer_values, loss=dataclasses.replace(base, **loss_values))
     return TrainConfig(**trainer_values, loss=LossConfig(**loss_values, **sampler))

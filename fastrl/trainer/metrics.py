@@ -85,3 +85,21 @@ class MetricsLogger:
 
 def read_metrics(output_dir: str) -> list[dict]:
     return _read_steps(os.path.join(output_dir, "metrics.jsonl"))
+
+
+def progress_line(record: dict, max_steps: int) -> str:
+    """One line of a step's main metrics, for runs without a progress bar (logs, CI, nohup)."""
+    parts = [f"step {record['step']}/{max_steps}"]
+    for key, label, fmt in (
+        ("reward_correct_mean", "correct", ".3f"),
+        ("reward_mean", "reward", ".3f"),
+        ("loss", "loss", ".4g"),
+        ("kl", "kl", ".3g"),
+        ("entropy", "entropy", ".3f"),
+        ("tokens_per_s", "tok/s", ".0f"),
+        ("elapsed_s", "elapsed_s", ".1f"),
+    ):
+        value = record.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            parts.append(f"{label} {value:{fmt}}")
+    return "  ".join(parts)

@@ -17,27 +17,38 @@ Run it:  fastrl train --preset tiny --output-dir runs/tiny          (CPU, a few 
          torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k --model <hf id>
 """
 
+import sys
 import time
 
 from . import distributed as dist_utils
-from .build import build_reward, start_run
+from .build import start_run
 from .config import TrainConfig
-from .metrics import MetricsLogger
+from .metrics import MetricsLogger, progress_line, read_metrics
+from .preflight import preflight
 from .rollout import check_engine_available, make_engine
 from .stages import attach_logprobs, collect, minibatches, optimizer_step, save_run, should_save, step_record
 
 
-def train(config: TrainConfig) -> dict:
-    """Run GRPO as configured; returns the last step's metrics. Resumable from `config.output_dir`."""
+def train(config: TrainConfig, rewards=None) -> dict:
+    """Run GRPO as configured; returns the last step's metrics. Resumable from `config.output_dir`.
+
+    `rewards` replaces `config.rewards`: a list of specs ("accuracy:1.0", "my_module:my_fn:0.5") and / or
+    reward terms, `(fn, weight)`, `(name, fn, weight)` or `fastrl.rewards.WeightedReward`, where `fn(completion,
+    gold) -> float`. Raises ConfigError (a ValueError) before building anything when a setting cannot work.
+    """
     t_start = time.time()
     check_engine_available(config.engine)
+    reward = preflight(config, rewards)
     run = start_run(config)
     logger = MetricsLogger(config.output_dir, run.step if run.resumed else None, config.tensorboard,
                            enabled=run.rank == 0)  # fmt: skip
     engine = make_engine(config.engine, run.model, run.tokenizer, config)
     engine.sync_weights(run.model)  # vLLM loaded config.model from disk; these weights may be warmed up or resumed
-    reward = build_reward(config)
     bar = _progress_bar(config, run.step) if config.progress and run.rank == 0 else None
+    log_every = config.log_every if not config.progress and run.rank == 0 else 0
+    if run.step >= config.max_steps and run.rank == 0:
+        print(f"fastrl: {config.output_dir} already finished at step {run.step} (max_steps={config.max_steps})",
+              file=sys.stderr, flush=True)  # fmt: skip
     t_run, record = time.time(), {}
     while run.step < config.max_steps:
         t0 = time.time()
@@ -52,6 +63,8 @@ def train(config: TrainConfig) -> dict:
             record = step_record(run.step, rollout, update, t_rollout, time.time() - t0)
             record["elapsed_s"] = run.elapsed_before + time.time() - t_run
             logger.log(record)
+            if log_every and (run.step % log_every == 0 or run.step == config.max_steps):
+                print(progress_line(record, config.max_steps), file=sys.stderr, flush=True)
             if bar is not None:
                 bar.set_postfix(reward=f"{record['reward_correct_mean']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
                 bar.update(1)
@@ -63,6 +76,9 @@ def train(config: TrainConfig) -> dict:
     logger.close()
     if run.own_group:
         dist_utils.cleanup()
+    if not record and run.resumed:  # nothing left to do: report the finished run's last step
+        rows = [r for r in read_metrics(config.output_dir) if r.get("step") == run.step]
+        record = dict(rows[-1]) if rows else {"step": run.step}
     record["total_wall_s"] = time.time() - t_start
     return record
 
