@@ -92,6 +92,13 @@ def _worker(rank, world, out_dir):
     logp = token_logprobs(hidden, w_dt, targets, temperature=0.7, impl="torch", process_group=mesh.get_group())
     (logp * gl).sum().backward()
     results["dtensor"] = (logp.detach(), w_dt.grad.full_tensor())
+    # bad input: clear errors, raised on every rank before any collective could be left half-done
+    with pytest.raises(TypeError, match="ProcessGroup"):
+        token_logprobs(hidden, weight, targets, process_group="world")
+    with pytest.raises(TypeError, match="DTensor"):
+        token_logprobs(hidden, w_dt.detach(), targets)
+    with pytest.raises(ValueError, match="target 1001 is outside"):
+        token_logprobs(hidden, weight.tensor_split(world)[rank], torch.full_like(targets, 1001), process_group=group)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -100,6 +107,12 @@ def _close(got, want, what):
         assert got is None, what
         return
     torch.testing.assert_close(got, want, msg=lambda m: f"{what}: {m}")  # float32 default tolerances
+
+
+def test_process_group_needs_torch_distributed():
+    hidden, weight, _, targets, _, _ = inputs(CASES[1])
+    with pytest.raises(ValueError, match="not initialized"):
+        token_logprobs(hidden, weight, targets, process_group=object())
 
 
 @pytest.mark.timeout(300)
