@@ -4,7 +4,8 @@
     fastrl train --preset tiny --output-dir runs/tiny --max-steps 40 --save-steps 10 --resume
     fastrl train --config my_run.yaml --lr 2e-6          # file values, then flags on top
     torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k \
-        --model deepseek-ai/DeepSeek-R1-Distill-Qwen-7B
+        --model deepseek-ai/DeepSeek-R1-Distill-Qwen-7B --fsdp        # sharded: docs/distributed.md
+    fastrl export runs/math-32k/checkpoints/step-00000100 hf-model/  # an --fsdp checkpoint as an HF model
 
 Every field of `TrainConfig` and every knob of its `LossConfig` is a flag (`--field-name value`;
 booleans also as `--flag` / `--no-flag`; tuples comma-separated).
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
             train.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=helps.get(name))
         else:
             train.add_argument(flag, dest=name, metavar=name.upper(), help=helps.get(name))
+    export = sub.add_parser("export", help="write an --fsdp (sharded) checkpoint as a Hugging Face model directory")
+    export.add_argument("checkpoint", help="a checkpoints/step-N directory written with --fsdp")
+    export.add_argument("out_dir", help="the Hugging Face model directory to write")
     return parser
 
 
@@ -57,6 +61,8 @@ def parse_config(argv: list[str]) -> tuple[TrainConfig, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:
+        return _export(build_parser().parse_args(argv))
     try:
         config, flags = parse_config(argv)
     except (TypeError, ValueError) as e:
@@ -71,4 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     if last:
         keys = ("step", "reward_correct_mean", "reward_mean", "loss", "elapsed_s")
         print(json.dumps({k: last[k] for k in keys if k in last}))
+    return 0
+
+
+def _export(args) -> int:
+    from .sharded_checkpoint import export_hf
+
+    try:
+        print(export_hf(args.checkpoint, args.out_dir))
+    except ValueError as e:
+        print(f"fastrl: error: {e}", file=sys.stderr)
+        return 2
     return 0

@@ -14,6 +14,7 @@ wake the KV cache) -> `generate` ...
 
 import os
 
+from ..fsdp import full_state_items, is_sharded
 from .engine import Completion
 
 
@@ -66,7 +67,8 @@ class VLLMEngine:
     def sync_weights(self, model) -> None:
         """Push the trainer's weights into the sleeping engine (weights woken first, KV cache after)."""
         self.llm.wake_up(tags=["weights"])
-        weights = list(model.state_dict().items())
+        # a sharded model streams its tensors, each gathered on its own: never the whole model at once
+        weights = full_state_items(model) if is_sharded(model) else list(model.state_dict().items())
         if hasattr(self.llm, "apply_model"):  # vLLM >= 0.9: run a function on the engine's model
             self.llm.apply_model(lambda m: m.load_weights(weights=weights))
         else:  # older in-process engines: reach the model through the driver worker
