@@ -29,6 +29,7 @@ def grpo_loss(
     config: LossConfig | None = None,
     normalizer=None,
     impl: str = "auto",
+    process_group=None,
 ) -> LossOutput:
     """Fused GRPO/PPO loss straight from the LM body's hidden states (docs/math.md §1–3).
 
@@ -44,6 +45,8 @@ def grpo_loss(
             a mask-1 position must hold a real id.
         mask, advantages, old_logprobs, ref_logprobs, rollout_logprobs, config, normalizer, impl:
             as in `policy_loss`; `impl` also picks the log-prob implementation.
+        process_group: vocab-parallel head, as in `token_logprobs`: weight and bias are this rank's rows,
+            every other input is the full one on every rank; the loss equals the unsharded one everywhere.
 
     Returns:
         LossOutput(loss, metrics), as `policy_loss`.
@@ -79,6 +82,7 @@ def grpo_loss(
         ignore_index=IGNORE_INDEX,
         return_entropy=need_entropy,
         impl=impl,
+        process_group=process_group,
     )
     logp, entropy = out if need_entropy else (out, None)
     return policy_loss(

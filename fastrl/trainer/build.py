@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from . import distributed as dist_utils
-from .checkpoint import list_checkpoints, resume_checkpoint
+from .checkpoint import latest_checkpoint, list_checkpoints, resume_checkpoint
 from .config import TrainConfig
+from .fsdp import shard_model
+from .sharded_checkpoint import load_sharded
 from .tasks import PromptStream, load_problems
 from .tiny import CharTokenizer, sft_warmup, tiny_model
 from .update import supports_packing
@@ -104,6 +106,8 @@ def start_run(config: TrainConfig) -> Run:
     device = resolve_device(config.device)
     own_group = dist_utils.init_from_env(device.type)
     rank, world = dist_utils.rank(), dist_utils.world_size()
+    if config.fsdp and world < 2:
+        raise ValueError(f"--fsdp shards over the ranks of a torchrun launch; this run has {world} (use torchrun)")
     if (config.prompts_per_step // world) % config.minibatches or config.prompts_per_step % world:
         raise ValueError(
             f"prompts_per_step={config.prompts_per_step} must split evenly over {world} ranks and then "
@@ -132,17 +136,25 @@ def start_run(config: TrainConfig) -> Run:
     ref_model = None
     if config.loss.beta > 0:  # the policy as GRPO starts (after any warm-up); frozen
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    if config.fsdp:  # every rank built the same weights; each keeps its shard of them
+        param_dtype = torch.bfloat16 if config.bf16 and device.type == "cuda" else None
+        model = shard_model(model, param_dtype=param_dtype)
+        ref_model = None if ref_model is None else shard_model(ref_model, param_dtype=param_dtype)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, config.adam_beta2)
     )
     run = Run(model, tokenizer, ref_model, optimizer, make_scheduler(optimizer, config),
               PromptStream(problems, config.seed), packed, rank, own_group)  # fmt: skip
-    _, state = resume_checkpoint(config.output_dir, model, optimizer, run.scheduler) if resuming else (None, None)
+    state = None
+    if resuming and config.fsdp:
+        state = load_sharded(latest_checkpoint(config.output_dir), model, optimizer, run.scheduler, ref_model)
+    elif resuming:
+        _, state = resume_checkpoint(config.output_dir, model, optimizer, run.scheduler)
     if state is None:
         torch.manual_seed(config.seed * 7919 + rank)  # ranks sample differently
         return run
     run.resumed, run.step, run.stream.position = True, state["step"], state["data_position"]
     run.elapsed_before = state.get("elapsed_s", 0.0)
-    if ref_model is not None and "ref_model" in state:
+    if ref_model is not None and "ref_model" in state:  # replicated runs (sharded ones restored it above)
         ref_model.load_state_dict(state["ref_model"])
     return run

@@ -4,7 +4,8 @@
     fastrl train --preset tiny --output-dir runs/tiny --max-steps 40 --save-steps 10 --resume
     fastrl train --config my_run.yaml --lr 2e-6          # file values, then flags on top
     torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k \
-        --model deepseek-ai/DeepSeek-R1-Distill-Qwen-7B
+        --model deepseek-ai/DeepSeek-R1-Distill-Qwen-7B --fsdp        # sharded: docs/distributed.md
+    fastrl export runs/math-32k/checkpoints/step-00000100 hf-model/  # an --fsdp checkpoint as an HF model
 
 Every field of `TrainConfig` and every knob of its `LossConfig` is a flag (`--field-name value`;
 booleans also as `--flag` / `--no-flag`; tuples comma-separated).
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
             train.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=text)
         else:
             train.add_argument(flag, dest=name, metavar=name.upper(), help=text)
+    export = sub.add_parser("export", help="write an --fsdp (sharded) checkpoint as a Hugging Face model directory")
+    export.add_argument("checkpoint", help="a checkpoints/step-N directory written with --fsdp")
+    export.add_argument("out_dir", help="the Hugging Face model directory to write")
     return parser
 
 
@@ -96,7 +100,10 @@ def _file_keys(file: str) -> set:
 
 
 def main(argv: list[str] | None = None) -> int:
-    preset, file, print_config, given = _parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:
+        return _export(build_parser().parse_args(argv))
+    preset, file, print_config, given = _parse(argv)
     try:
         config = make_config(preset, file, **given)
         if print_config:
@@ -112,4 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     if last:
         keys = ("step", "reward_correct_mean", "reward_mean", "loss", "elapsed_s")
         print(json.dumps({k: last[k] for k in keys if k in last}))
+    return 0
+
+
+def _export(args) -> int:
+    from .sharded_checkpoint import export_hf
+
+    try:
+        print(export_hf(args.checkpoint, args.out_dir))
+    except ValueError as e:
+        print(f"fastrl: error: {e}", file=sys.stderr)
+        return 2
     return 0

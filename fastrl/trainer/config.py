@@ -74,6 +74,7 @@ class TrainConfig:
     max_tokens_per_microbatch: int = 8192  # token budget of one forward/backward (padding included)
     packing: str = "auto"  # padding-free packing via position_ids: auto = when the model supports it
     gradient_checkpointing: bool = False  # recompute activations in backward
+    fsdp: bool = False  # FSDP2: shard parameters, gradients and AdamW state over the torchrun ranks
     bf16: bool = True  # bf16 autocast (GPU only; CPU runs in float32)
     lr: float = 1e-3  # AdamW learning rate of the GRPO phase
     weight_decay: float = 0.0  # AdamW weight decay

@@ -18,6 +18,7 @@ from .build import Run
 from .checkpoint import save_checkpoint
 from .config import TrainConfig, config_to_dict
 from .rollout import RolloutEngine, build_prompt
+from .sharded_checkpoint import save_sharded
 from .update import sequence_logprobs, train_step
 
 
@@ -123,6 +124,9 @@ def should_save(step: int, config: TrainConfig) -> bool:
 def save_run(run: Run, config: TrainConfig, elapsed_s: float) -> str:
     """Checkpoint the run (every rank calls this); the path of the new checkpoint."""
     extra = {"data_position": run.stream.position, "elapsed_s": elapsed_s, "config": config_to_dict(config)}
+    if config.fsdp:
+        return save_sharded(config.output_dir, run.step, run.model, run.optimizer, run.scheduler, extra,
+                            config.keep_checkpoints, run.ref_model)  # fmt: skip
     if run.ref_model is not None:
         extra["ref_model"] = run.ref_model.state_dict()
     return save_checkpoint(

@@ -2,7 +2,8 @@
 
 The loss of the whole step is the sum of the micro-batch losses because every micro-batch divides by the
 GLOBAL normalizer (tokens for token-mean, sequences otherwise), summed over micro-batches and ranks. The
-gradient is then exact: each rank backpropagates its share and the gradients are SUM-all-reduced.
+gradient is then exact: each rank backpropagates its share and the gradients are SUM-all-reduced (or, with
+`--fsdp`, SUM-reduce-scattered into the shards; the model's calls then run through `fsdp.run_sharded`).
 
 The LM body runs on the (packed or padded) micro-batch; the hidden states that predict completion tokens
 are gathered into `[n_seq, max_completion, D]` and handed with the head's weight (`fastrl.lm_body_and_head`)
@@ -20,6 +21,7 @@ from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss, hidden_and_head, l
 
 from . import distributed as dist_utils
 from .batching import Sample, collate, plan_microbatches
+from .fsdp import filler_sample, is_sharded, run_sharded
 
 
 def supports_packing(model) -> bool:
@@ -67,6 +69,21 @@ def head_params(model, dtype):
     return weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
+def _plan(model, samples: list[Sample], budget: int, packed: bool, filler: Sample) -> list[list[Sample]]:
+    """This rank's micro-batches; a sharded model pads every rank to the same count with filler ones."""
+    plan = [[samples[i] for i in idx] for idx in plan_microbatches([len(s) for s in samples], budget, packed)]
+    if is_sharded(model):
+        plan += [[filler]] * (int(dist_utils.all_reduce_max(float(len(plan)))) - len(plan))
+    return plan
+
+
+def _logprobs(model, mb: dict, bf16: bool, temperature: float, impl: str) -> torch.Tensor:
+    hidden = completion_hidden(model, mb, bf16)
+    weight, bias = head_params(model, hidden.dtype)
+    targets = mb["targets"].to(hidden.device)
+    return token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature, impl=impl)
+
+
 @torch.no_grad()
 def sequence_logprobs(
     model,
@@ -79,15 +96,14 @@ def sequence_logprobs(
     bf16: bool = True,
 ) -> list[list[float]]:
     """Log-probs of each sample's completion tokens under `model` (no grad, fused path, same budget)."""
+    rows: list[list[float]] = []
+    for seqs in _plan(model, samples, budget, packed, filler_sample(pad_id, ref=False, rollout=False)):
+        logp = run_sharded(model, _logprobs, collate(seqs, packed, pad_id), bf16, temperature, impl).cpu()
+        rows += [logp[row, : len(s.completion_ids)].tolist() for row, s in enumerate(seqs)]
     out: list[list[float]] = [[] for _ in samples]
-    for idx in plan_microbatches([len(s) for s in samples], budget, packed):
-        mb = collate([samples[i] for i in idx], packed, pad_id)
-        hidden = completion_hidden(model, mb, bf16)
-        weight, bias = head_params(model, hidden.dtype)
-        targets = mb["targets"].to(hidden.device)
-        logp = token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature, impl=impl).cpu()
-        for row, i in enumerate(idx):
-            out[i] = logp[row, : len(samples[i].completion_ids)].tolist()
+    order = [i for idx in plan_microbatches([len(s) for s in samples], budget, packed) for i in idx]
+    for i, lp in zip(order, rows):  # filler rows come last and are dropped
+        out[i] = lp
     return out
 
 
@@ -120,28 +136,10 @@ def train_step(
     model.zero_grad(set_to_none=True)
     normalizer = _global_normalizer(samples, loss_config.loss_agg)
     sums = dict.fromkeys(("loss", "num_tokens") + METRIC_KEYS, 0.0)
-    for idx in plan_microbatches([len(s) for s in samples], budget, packed) if samples else []:
-        mb = collate([samples[i] for i in idx], packed, pad_id)
-        hidden = completion_hidden(model, mb, bf16)
-        weight, bias = head_params(model, hidden.dtype)
-        dev = hidden.device
-        opt = {
-            k: None if mb[k] is None else mb[k].to(dev) for k in ("old_logprobs", "ref_logprobs", "rollout_logprobs")
-        }
-        if loss_config.is_cap is None:
-            opt["rollout_logprobs"] = None
-        out = grpo_loss(
-            hidden,
-            weight,
-            mb["targets"].to(dev),
-            mb["mask"].to(dev),
-            mb["advantages"].to(dev),
-            bias=bias,
-            config=loss_config,
-            normalizer=normalizer,
-            impl=impl,
-            **opt,
-        )
+    filler = filler_sample(pad_id, ref=loss_config.beta > 0, rollout=loss_config.is_cap is not None)
+    for seqs in _plan(model, samples, budget, packed, filler):
+        mb = collate(seqs, packed, pad_id)
+        out, entropy_sum = run_sharded(model, _microbatch_loss, mb, loss_config, normalizer, impl, bf16, log_entropy)
         out.loss.backward()
         n = float(out.metrics["num_tokens"])
         sums["loss"] += float(out.loss.detach())
@@ -149,21 +147,11 @@ def train_step(
         for k in METRIC_KEYS:
             if k in out.metrics:
                 sums[k] += float(out.metrics[k]) * n  # token-weighted; divided by the global count below
-        if log_entropy and "entropy_mean" not in out.metrics:
-            with torch.no_grad():
-                _, ent = token_logprobs(
-                    hidden.detach(),
-                    weight.detach(),
-                    mb["targets"].to(dev),
-                    bias=bias,
-                    temperature=loss_config.temperature,
-                    return_entropy=True,
-                    impl=impl,
-                )
-                m = mb["mask"].to(dev)
-                sums["entropy_mean"] += float((ent * m).sum())
+        if entropy_sum is not None:
+            sums["entropy_mean"] += entropy_sum
     params = [p for p in model.parameters() if p.requires_grad]
-    dist_utils.all_reduce_grads(params)
+    if not is_sharded(model):  # FSDP has reduce-scattered (summed) them already
+        dist_utils.all_reduce_grads(params)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf))
     # nothing to learn from (every group filtered or masked), or a non-finite gradient: keep the weights
     skipped = not (normalizer > 0 and math.isfinite(grad_norm))
@@ -171,6 +159,43 @@ def train_step(
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return {**_finalize_metrics(sums, grad_norm), "update_skipped": float(skipped)}
+
+
+def _microbatch_loss(model, mb, loss_config: LossConfig, normalizer: float, impl: str, bf16: bool, log_entropy: bool):
+    """The fused loss of one micro-batch, and its entropy sum for the log when the loss has none."""
+    hidden = completion_hidden(model, mb, bf16)
+    weight, bias = head_params(model, hidden.dtype)
+    dev = hidden.device
+    opt = {k: None if mb[k] is None else mb[k].to(dev) for k in ("old_logprobs", "ref_logprobs", "rollout_logprobs")}
+    if loss_config.is_cap is None:
+        opt["rollout_logprobs"] = None
+    targets, mask = mb["targets"].to(dev), mb["mask"].to(dev)
+    out = grpo_loss(
+        hidden,
+        weight,
+        targets,
+        mask,
+        mb["advantages"].to(dev),
+        bias=bias,
+        config=loss_config,
+        normalizer=normalizer,
+        impl=impl,
+        **opt,
+    )
+    entropy_sum = None
+    if log_entropy and "entropy_mean" not in out.metrics:
+        with torch.no_grad():
+            _, ent = token_logprobs(
+                hidden.detach(),
+                weight.detach(),
+                targets,
+                bias=bias,
+                temperature=loss_config.temperature,
+                return_entropy=True,
+                impl=impl,
+            )
+            entropy_sum = float((ent * mask).sum())
+    return out, entropy_sum
 
 
 def _finalize_metrics(sums: dict, grad_norm: float) -> dict:

@@ -8,6 +8,7 @@ fwd.py       Triton forward kernel + launcher
 bwd.py       Triton ∂L/∂z kernel + launcher (the gradient GEMMs run in cuBLAS)
 function.py  the autograd Functions of the chunked and Triton paths
 api.py       `token_logprobs`: input checks and the public entry point
+vocab_parallel.py  the head split by rows over a process group (docs/math.md §6)
 """
 
 from .api import token_logprobs

@@ -71,6 +71,7 @@ def token_logprobs(
     ignore_index: int = -100,
     return_entropy: bool = False,
     impl: str = "auto",
+    process_group=None,
 ):
     """Log-probability of each target token, straight from hidden states and the LM-head weight.
 
@@ -85,6 +86,11 @@ def token_logprobs(
         ignore_index: target value whose rows get logp = entropy = 0 and no gradient.
         return_entropy: also return the softmax entropy per token (differentiable).
         impl: "auto" (Triton on CUDA, chunked PyTorch elsewhere), "triton" or "torch".
+        process_group: vocab-parallel head (docs/math.md §6): `weight` (and `bias`) are this rank's block of
+            rows, in rank order (e.g. `W.tensor_split(P)[rank]`, sizes may differ; or a DTensor sharded on
+            dim 0 over this group), while hidden and targets are the full ones on every rank. The result and
+            d_hidden equal the unsharded call's on every rank; d_weight / d_bias are this rank's rows.
+            Every rank of the group must make the call.
 
     Returns:
         logp `[...]` float32, or `(logp, entropy)` with return_entropy=True.
@@ -94,6 +100,15 @@ def token_logprobs(
     derivative raises). With impl="torch" an ignored row's hidden state may be inf/NaN (padding); with
     impl="triton" it must be finite, since the d_weight GEMM runs over every row (as eager does).
     """
+    if process_group is not None:
+        from .vocab_parallel import resolve_shard
+
+        weight, bias, process_group = resolve_shard(weight, bias, process_group)
+    elif hasattr(weight, "device_mesh"):
+        raise TypeError(
+            "weight is a DTensor: pass process_group= for a vocab-parallel call (hidden and targets identical on "
+            "every rank), or gather it into a plain tensor first"
+        )
     _check_inputs(hidden, weight, targets, bias, temperature)
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
@@ -103,7 +118,12 @@ def token_logprobs(
     if targets.dtype != torch.int64 and (wide_ignore or targets.dtype != torch.int32):
         # A narrower dtype wraps ignore_index in comparisons (uint8 156 == -100, int32 0 == 2**40).
         targets = targets.long()
-    _check_targets_range(targets, weight.shape[0], ignore_index)
+    vocab, first_row = weight.shape[0], 0
+    if process_group is not None:
+        from .vocab_parallel import shard_layout
+
+        first_row, vocab = shard_layout(weight.shape[0], process_group, hidden.device)
+    _check_targets_range(targets, vocab, ignore_index)
     if wide_ignore:
         # The kernels compare targets in int32: move an ignore_index beyond that range to -1, which the
         # range check above guarantees is not a real target.
@@ -113,6 +133,11 @@ def token_logprobs(
     lead = targets.shape
     h2 = hidden.reshape(targets.numel(), hidden.shape[-1])  # not -1: D = 0 or N = 0 leave -1 ambiguous
     t1 = targets.reshape(-1)
-    logp, entropy = token_logprobs_impl(impl)(h2, weight, t1, bias, params)
+    if process_group is not None:
+        from .vocab_parallel import token_logprobs_vocab_parallel
+
+        logp, entropy = token_logprobs_vocab_parallel(h2, weight, t1, bias, params, process_group, impl, first_row)
+    else:
+        logp, entropy = token_logprobs_impl(impl)(h2, weight, t1, bias, params)
     logp = logp.reshape(lead)
     return (logp, entropy.reshape(lead)) if return_entropy else logp

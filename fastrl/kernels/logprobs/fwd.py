@@ -18,7 +18,7 @@ from .. import configs
 from .params import LogprobParams
 from .tile import dot_precision, dot_upcast, logit_tile
 
-__all__ = ["logprob_forward", "logprob_fwd_kernel", "merge_partials"]
+__all__ = ["logprob_forward", "logprob_fwd_kernel", "logprob_partials", "merge_partials"]
 
 # Start of the running max and the logit of masked columns: finite, so (m_old − m_new) · 0 and
 # exp(z − m) · (z − m) stay 0 where -inf would give NaN.
@@ -174,17 +174,17 @@ def _choose_splits(n_tokens: int, vocab: int, block_n: int, block_v: int, device
     return max(1, min(want, triton.cdiv(vocab, block_v)))
 
 
-def logprob_forward(
+def logprob_partials(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
     bias: torch.Tensor | None,
     params: LogprobParams,
     n_splits: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """`[N, D]`, `[V, D]`, `[N]`, `[V]`|None → (logp `[N]`, lse `[N]`, entropy `[N]`|None), float32.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The kernel's own output: `[splits, N]` m, s, t (None without entropy) and the `[N]` target logits.
 
-    `n_splits` overrides the vocab split count (tests use it to force the multi-split merge).
+    A target outside [0, V) gets target logit 0 (the vocab-parallel path relies on it).
     """
     n, d = hidden.shape
     v = weight.shape[0]
@@ -206,6 +206,22 @@ def logprob_forward(
         bias.stride(0) if bias is not None else 0, targets.stride(0),
         DOT_PRECISION=dot_precision(hidden.dtype), DOT_UPCAST=dot_upcast(hidden.dtype), **kwargs,
     )  # fmt: skip
+    return part_m, part_s, part_t, target_z
+
+
+def logprob_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None,
+    params: LogprobParams,
+    n_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`[N, D]`, `[V, D]`, `[N]`, `[V]`|None → (logp `[N]`, lse `[N]`, entropy `[N]`|None), float32.
+
+    `n_splits` overrides the vocab split count (tests use it to force the multi-split merge).
+    """
+    part_m, part_s, part_t, target_z = logprob_partials(hidden, weight, targets, bias, params, n_splits)
     valid = targets != params.ignore_index
     logp, lse, entropy = merge_partials(part_m, part_s, part_t, target_z, valid)
     return logp, lse, entropy

@@ -23,6 +23,7 @@ import tempfile
 
 import torch
 
+from ..fsdp import full_state_items, is_sharded
 from .engine import Completion, end_token_ids
 
 
@@ -119,7 +120,8 @@ class VLLMEngine:
         """Load `model`'s current weights into the engine; prompts cached under the old ones are dropped."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
-        weights = iter(model.state_dict().items())
+        # a sharded model streams its tensors, each gathered on its own: never the whole model at once
+        weights = full_state_items(model) if is_sharded(model) else iter(model.state_dict().items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])

@@ -1,0 +1,192 @@
+"""Vocab-parallel token log-probs: the LM head split over the ranks of a process group by rows.
+
+Rank r holds rows [lo_r, lo_r + V_r) of the `[V, D]` weight (rank order, any sizes, e.g.
+`W.tensor_split(P)[r]`) and the FULL hidden states and targets. It computes, over its own columns only,
+three per-token partials: the max m_r, s_r = Σ exp(z − m_r) and t_r = Σ exp(z − m_r)(z − m_r), plus the
+target logit where it owns the target (0 elsewhere). Two all-reduces of O(N) floats combine them
+(docs/math.md §6): M = max_r m_r, then the sums of exp(m_r − M)·s_r, of the target logits and of
+exp(m_r − M)·(t_r + (m_r − M)·s_r); lse = M + log S and H = log S − T / S, as the single-device kernels
+merge their vocab splits (fwd.py). Backward is the single-device backward restricted to this rank's columns,
+with the global lse and entropy: d_weight and d_bias stay local, d_hidden is all-reduced (summed).
+Per-rank memory is O(N + chunk · V_r); nothing of size N · V is built or sent.
+
+Locally, targets are renumbered: an owned target y becomes y − lo_r, a target owned elsewhere becomes
+V_r (a column no tile has, so no one-hot and no target logit here) and an ignored row becomes −1, so the
+local kernels run unchanged with ignore_index = −1.
+"""
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torch.autograd.function import once_differentiable
+
+from .chunked import _live_rows, _tile, chunk_rows, chunked_backward, no_autocast
+from .params import LogprobParams
+
+__all__ = ["resolve_shard", "shard_layout", "token_logprobs_vocab_parallel"]
+
+_M_INIT = -1e30  # the partial max of an empty shard: exp(m − M) is then 0, never NaN
+
+
+def shard_layout(local_rows: int, group, device: torch.device) -> tuple[int, int]:
+    """(first row of this rank's shard, full vocabulary V), from every rank's row count (one all-gather)."""
+    sizes = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    mine = torch.tensor([local_rows], dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(sizes, mine, group=group)
+    sizes = sizes.tolist()
+    r = dist.get_rank(group)
+    return sum(sizes[:r]), sum(sizes)
+
+
+def local_targets(targets: torch.Tensor, lo: int, rows: int, ignore_index: int) -> torch.Tensor:
+    """Targets in this shard's numbering: own ids − lo, others' ids → rows, ignored → −1 (int64)."""
+    valid = targets != ignore_index
+    owned = valid & (targets >= lo) & (targets < lo + rows)
+    loc = torch.where(owned, targets - lo, torch.full_like(targets, rows))
+    return torch.where(valid, loc, torch.full_like(targets, -1)).long()
+
+
+def _partials_torch(hidden, weight, loc, bias, params: LogprobParams):
+    # (m, s, t or None, target logit) per token over this shard's columns, in [C, V_r] tiles
+    n, dev = hidden.shape[0], hidden.device
+    m = torch.full((n,), _M_INIT, dtype=torch.float32, device=dev)
+    s = torch.zeros(n, dtype=torch.float32, device=dev)
+    t = torch.zeros(n, dtype=torch.float32, device=dev) if params.return_entropy else None
+    z_target = torch.zeros(n, dtype=torch.float32, device=dev)
+    rows = weight.shape[0]
+    if rows == 0 or n == 0:
+        return m, s, t, z_target
+    valid, owned = loc >= 0, (loc >= 0) & (loc < rows)
+    safe = torch.where(owned, loc, 0)
+    step = chunk_rows(rows)
+    for start in range(0, n, step):
+        sl = slice(start, min(n, start + step))
+        z = _tile(_live_rows(hidden, valid, sl), weight, bias, params.temperature)
+        c_m = z.amax(-1)
+        m[sl] = c_m
+        z_target[sl] = torch.where(owned[sl], z.gather(-1, safe[sl].unsqueeze(-1)).squeeze(-1), 0.0)
+        z.sub_(c_m.unsqueeze(-1))  # z − m
+        p = z.exp()
+        s[sl] = p.sum(-1)
+        if t is not None:
+            t[sl] = p.mul_(z).sum(-1)
+    return m, s, t, z_target
+
+
+def _partials_triton(hidden, weight, loc, bias, params: LogprobParams):
+    from .fwd import logprob_partials
+
+    if weight.shape[0] == 0 or hidden.shape[0] == 0:
+        return _partials_torch(hidden, weight, loc, bias, params)
+    part_m, part_s, part_t, z_target = logprob_partials(hidden, weight, loc, bias, params)
+    # fold the kernel's vocab splits into one partial per token, as `merge_partials` does
+    m = part_m.amax(0)
+    scale = torch.exp(part_m - m)
+    s = (scale * part_s).sum(0)
+    t = None if part_t is None else (scale * (part_t + (part_m - m) * part_s)).sum(0)
+    return m, s, t, z_target
+
+
+def _combine(m, s, t, z_target, valid, group):
+    """Per-rank partials → (logp, lse, entropy or None), identical on every rank (two all-reduces)."""
+    big_m = m.clone()
+    dist.all_reduce(big_m, op=dist.ReduceOp.MAX, group=group)
+    scale = torch.exp(m - big_m)
+    parts = [scale * s, z_target] + ([] if t is None else [scale * (t + (m - big_m) * s)])
+    sums = torch.stack(parts)
+    dist.all_reduce(sums, group=group)
+    log_s = torch.log(sums[0])
+    lse = big_m + log_s
+    zero = torch.zeros((), dtype=torch.float32, device=lse.device)
+    logp = torch.where(valid, sums[1] - lse, zero)
+    entropy = None if t is None else torch.where(valid, log_s - sums[2] / sums[0], zero)
+    return logp, lse, entropy
+
+
+def _forward(hidden, weight, targets, bias, params, group, impl, lo):
+    loc = local_targets(targets, lo, weight.shape[0], params.ignore_index)
+    local = dataclasses.replace(params, ignore_index=-1)
+    partials = _partials_triton if impl == "triton" else _partials_torch
+    with no_autocast(hidden):
+        m, s, t, z_target = partials(hidden, weight, loc, bias, local)
+        logp, lse, entropy = _combine(m, s, t, z_target, loc >= 0, group)
+    return logp, lse, entropy, loc, local
+
+
+class VocabParallelLogprobFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, bias, params: LogprobParams, group, impl: str, lo: int):
+        logp, lse, entropy, loc, local = _forward(hidden, weight, targets, bias, params, group, impl, lo)
+        ctx.params, ctx.group, ctx.impl = local, group, impl
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(hidden, weight, loc, bias, lse, entropy)
+        return logp if entropy is None else (logp, entropy)
+
+    @staticmethod
+    @once_differentiable  # the backward is hand-written: a second derivative must raise, not be wrong
+    def backward(ctx, grad_logp, *grad_rest):
+        hidden, weight, loc, bias, lse, entropy = ctx.saved_tensors
+        grad_entropy = grad_rest[0] if grad_rest else None
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[3]
+        d_hidden = d_weight = d_bias = None
+        if weight.shape[0] == 0:
+            d_hidden = torch.zeros_like(hidden) if need_h else None
+            d_weight = torch.zeros_like(weight) if need_w else None
+            d_bias = torch.zeros_like(bias) if need_b else None
+        elif ctx.impl == "triton" and hidden.shape[0] > 0:
+            from .bwd import logprob_backward
+
+            d_hidden, d_weight, d_bias = logprob_backward(
+                hidden, weight, loc, bias, lse, entropy, grad_logp, grad_entropy, ctx.params,
+                (need_h, need_w, need_b),
+            )  # fmt: skip
+        else:
+            with no_autocast(hidden):
+                d_hidden, d_weight, d_bias = chunked_backward(
+                    hidden, weight, loc, bias, lse, entropy, grad_logp, grad_entropy, ctx.params,
+                    (need_h, need_w, False, need_b),
+                )  # fmt: skip
+        if need_h:
+            # every rank must join the all-reduce, whichever gradients it formed
+            d_hidden = torch.zeros_like(hidden) if d_hidden is None else d_hidden
+            dist.all_reduce(d_hidden, group=ctx.group)
+        return d_hidden, d_weight, None, d_bias, None, None, None, None
+
+
+def resolve_shard(weight, bias, process_group):
+    """(local weight, local bias, group) of a vocab-parallel call; a DTensor weight must be Shard(0) on 1 dim."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("process_group was given but torch.distributed is not initialized")
+    if not isinstance(process_group, dist.ProcessGroup):
+        raise TypeError(
+            f"process_group must be a torch.distributed ProcessGroup or None, got {type(process_group).__name__}"
+        )
+    if dist.get_rank(process_group) < 0:
+        raise ValueError("this rank is not a member of process_group")
+    if isinstance(weight, DTensor):
+        mesh = weight.device_mesh
+        if mesh.ndim != 1 or tuple(weight.placements) != (Shard(0),):
+            raise ValueError(
+                f"a DTensor weight must be sharded on dim 0 of a 1-D mesh, got placements {weight.placements}"
+            )
+        if dist.get_process_group_ranks(mesh.get_group()) != dist.get_process_group_ranks(process_group):
+            raise ValueError("the DTensor weight's mesh and process_group hold different ranks")
+        weight = weight.to_local()
+    if isinstance(bias, DTensor):
+        bias = bias.to_local()
+    return weight, bias, process_group
+
+
+def token_logprobs_vocab_parallel(hidden, weight, targets, bias, params: LogprobParams, group, impl: str, lo: int):
+    """`[N, D]`, this rank's `[V_r, D]` rows from row `lo`, `[N]` full-vocabulary ids, `[V_r]` | None.
+
+    Returns logp `[N]` and entropy `[N]` (or None), float32, equal on every rank of `group`.
+    """
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
+        logp, _, entropy, _, _ = _forward(hidden, weight, targets, bias, params, group, impl, lo)
+        return logp, entropy
+    out = VocabParallelLogprobFunction.apply(hidden, weight, targets, bias, params, group, impl, lo)
+    return (out, None) if isinstance(out, torch.Tensor) else out
