@@ -9,6 +9,7 @@ Imports only torch (and triton, when a Triton path runs).
 """
 
 from .dispatch import IMPLS, resolve_impl
+from .fused_loss import attach_gradients, policy_loss_grads
 from .logprobs import LogprobParams, token_logprobs, token_logprobs_reference
 from .policy import NUM_STATS, STATS, PolicyLossParams, policy_rows, policy_rows_torch
 
@@ -16,8 +17,10 @@ __all__ = [
     "IMPLS",
     "NUM_STATS",
     "STATS",
+    "attach_gradients",
     "LogprobParams",
     "PolicyLossParams",
+    "policy_loss_grads",
     "policy_rows",
     "policy_rows_torch",
     "resolve_impl",

@@ -157,3 +157,11 @@ def alloc(shape, dtype, device) -> torch.Tensor:
     if poison_outputs():
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+# The gradient-in-forward loss's Triton epilogue (fused_loss/epilogue.py): one program per row folds a
+# `[C, V]` float32 tile in BLOCK_V strips; the ∂z kernel runs one program per `[1, BLOCK_V]` block.
+FUSED_STATS_BLOCK_V = 2048
+FUSED_STATS_NUM_WARPS = 8
+FUSED_DZ_BLOCK_V = 2048
+FUSED_DZ_NUM_WARPS = 8

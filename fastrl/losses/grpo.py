@@ -8,6 +8,7 @@ from torch import nn
 from fastrl.kernels import IMPLS, token_logprobs
 
 from .config import LossConfig
+from .fused import fused_grpo_loss, wants_fused
 from .policy import LossOutput, policy_loss
 
 __all__ = ["GRPOLoss", "IGNORE_INDEX", "grpo_loss"]
@@ -30,13 +31,22 @@ def grpo_loss(
     normalizer=None,
     impl: str = "auto",
     process_group=None,
+    temperature: torch.Tensor | None = None,
+    return_entropy: bool = False,
 ) -> LossOutput:
     """Fused GRPO/PPO loss straight from the LM body's hidden states (docs/math.md §1–3).
 
-    The logits are divided by config.temperature (match the sampler's). The entropy is computed only
-    when config.entropy_coef != 0 or config.top_entropy_quantile < 1 (it costs an extra pass over the
-    vocabulary); only then is metrics["entropy_mean"] present. Gradients flow into hidden, weight and bias in
-    one backward; a weight tied to the input embedding receives the sum of both gradients, as autograd does.
+    The logits are divided by config.temperature (match the sampler's), or by a per-token `temperature`.
+    The entropy is computed when config.entropy_coef != 0, config.top_entropy_quantile < 1 or
+    return_entropy is set; only then is metrics["entropy_mean"] present. Gradients flow into hidden, weight
+    and bias in one backward; a weight tied to the input embedding receives the sum of both gradients, as
+    autograd does.
+
+    With a token-level ratio and a gradient to form, the gradients are formed in this call's single
+    pass over the vocabulary (docs/math.md §6; 6·N·D·V FLOPs, no recompute) and held until backward: a
+    `[V, D]` weight gradient lives from this call to `.backward()`, which may run once. Under no_grad,
+    for frozen inputs and for GSPO (sequence ratio), the log-probs are computed without any gradient
+    work and, when a gradient is wanted, the backward recomputes the logit tiles.
 
     Args:
         hidden: `[B, T, D]` hidden states after the final norm; position t predicts targets[:, t].
@@ -47,6 +57,10 @@ def grpo_loss(
             as in `policy_loss`; `impl` also picks the log-prob implementation.
         process_group: vocab-parallel head, as in `token_logprobs`: weight and bias are this rank's rows,
             every other input is the full one on every rank; the loss equals the unsharded one everywhere.
+        temperature: None (use config.temperature) or a `[B, T]` tensor of per-token temperatures (> 0
+            where mask is 1), e.g. a sampler's per-sample temperature broadcast over the completion.
+        return_entropy: also compute the entropy (from the same pass) and report metrics["entropy_mean"]
+            when config.entropy_coef == 0.
 
     Returns:
         LossOutput(loss, metrics), as `policy_loss`.
@@ -72,13 +86,36 @@ def grpo_loss(
             raise ValueError(f"targets hold ignore_index={IGNORE_INDEX} at a position where mask is 1")
         # Masked positions are ignored by the log-prob op: any id is allowed there and costs no gradient.
         targets = torch.where(live, targets, torch.full_like(targets, IGNORE_INDEX))
-    need_entropy = config.entropy_coef != 0 or config.top_entropy_quantile < 1
+    if not isinstance(return_entropy, bool):
+        raise TypeError(f"return_entropy must be a bool, got {type(return_entropy).__name__}")
+    if temperature is not None and not isinstance(temperature, torch.Tensor):
+        raise TypeError(f"temperature must be None (config.temperature) or a [B, T] tensor, got {temperature!r}")
+    tau = config.temperature if temperature is None else temperature
+    if process_group is None and wants_fused(hidden, weight, bias, config, old_logprobs, rollout_logprobs):
+        return fused_grpo_loss(
+            hidden,
+            weight,
+            targets,
+            mask,
+            advantages,
+            bias=bias,
+            old=old_logprobs,
+            ref=ref_logprobs,
+            rollout=rollout_logprobs,
+            config=config,
+            normalizer=normalizer,
+            impl=impl,
+            temperature=tau,
+            return_entropy=return_entropy,
+            ignore_index=IGNORE_INDEX,
+        )
+    need_entropy = config.entropy_coef != 0 or config.top_entropy_quantile < 1 or return_entropy
     out = token_logprobs(
         hidden,
         weight,
         targets,
         bias=bias,
-        temperature=config.temperature,
+        temperature=tau,
         ignore_index=IGNORE_INDEX,
         return_entropy=need_entropy,
         impl=impl,

@@ -1,0 +1,159 @@
+"""The Triton epilogue of the gradient-in-forward loss: fold a `[C, V]` logit tile, then form ∂z in it.
+
+The GEMMs that make and consume the tile are cuBLAS (torch); these two kernels are memory-bound and read
+the tile once each: `fold_stats_kernel` per row (online max / Σexp / Σexp·z → lse, logp, entropy) and
+`fold_dz_kernel` per `[1, BLOCK_V]` block (∂ℓ/∂z from the row's lse, entropy and upstream g, g_H).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from ..configs import FUSED_DZ_BLOCK_V, FUSED_DZ_NUM_WARPS, FUSED_STATS_BLOCK_V, FUSED_STATS_NUM_WARPS
+
+__all__ = ["fold_dz", "fold_dz_kernel", "fold_stats", "fold_stats_kernel"]
+
+
+@triton.jit
+def fold_stats_kernel(
+    z,
+    targets,
+    inv_tau,
+    lse,
+    logp,
+    entropy,
+    V,
+    stride_zn,
+    inv_tau_scalar,
+    PER_ROW_TAU: tl.constexpr,
+    HAS_ENTROPY: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    p_z = z + i_n * stride_zn
+    if PER_ROW_TAU:
+        b_inv = tl.load(inv_tau + i_n)
+    else:
+        b_inv = inv_tau_scalar
+    b_m = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    b_s = tl.zeros([BLOCK_V], tl.float32)
+    b_xs = tl.zeros([BLOCK_V], tl.float32)
+    for i_v in range(0, tl.cdiv(V, BLOCK_V)):
+        o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        m_v = o_v < V
+        b_z = tl.load(p_z + o_v, mask=m_v, other=0.0).to(tl.float32) * b_inv  # [BV]
+        b_new = tl.where(m_v, tl.maximum(b_m, b_z), b_m)
+        b_ref = tl.where(b_new == float("-inf"), 0.0, b_new)
+        b_scale = tl.exp(b_m - b_ref)
+        b_e = tl.where(m_v, tl.exp(b_z - b_ref), 0.0)
+        b_s = b_s * b_scale + b_e
+        if HAS_ENTROPY:
+            b_xs = b_xs * b_scale + b_e * b_z
+        b_m = b_new
+    b_row_m = tl.max(b_m, axis=0)
+    b_w = tl.where(b_m == float("-inf"), 0.0, tl.exp(b_m - b_row_m))
+    b_total = tl.sum(b_s * b_w, axis=0)
+    b_lse = b_row_m + tl.log(b_total)
+    b_t = tl.load(targets + i_n)
+    b_tz = tl.load(p_z + tl.maximum(b_t, 0)).to(tl.float32) * b_inv
+    tl.store(lse + i_n, b_lse)
+    tl.store(logp + i_n, b_tz - b_lse)
+    if HAS_ENTROPY:
+        tl.store(entropy + i_n, b_lse - tl.sum(b_xs * b_w, axis=0) / b_total)
+
+
+@triton.jit
+def fold_dz_kernel(
+    z,
+    dz,
+    targets,
+    inv_tau,
+    lse,
+    entropy,
+    g,
+    g_entropy,
+    V,
+    stride_zn,
+    stride_dzn,
+    inv_tau_scalar,
+    PER_ROW_TAU: tl.constexpr,
+    HAS_ENTROPY_GRAD: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    i_n = tl.program_id(0).to(tl.int64)
+    o_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    m_v = o_v < V
+    if PER_ROW_TAU:
+        b_inv = tl.load(inv_tau + i_n)
+    else:
+        b_inv = inv_tau_scalar
+    b_logp = tl.load(z + i_n * stride_zn + o_v, mask=m_v, other=0.0).to(tl.float32) * b_inv - tl.load(lse + i_n)
+    b_p = tl.exp(b_logp)  # [BV]
+    b_g = tl.load(g + i_n)
+    b_dz = tl.where(o_v == tl.load(targets + i_n), b_g, 0.0) - b_g * b_p
+    if HAS_ENTROPY_GRAD:
+        b_dz -= tl.load(g_entropy + i_n) * b_p * (b_logp + tl.load(entropy + i_n))
+    tl.store(dz + i_n * stride_dzn + o_v, (b_dz * b_inv).to(dz.dtype.element_ty), mask=m_v)
+
+
+def _tau_args(inv_tau, placeholder):
+    # (pointer, scalar, PER_ROW_TAU): a float temperature travels as a runtime scalar, never a constexpr
+    if isinstance(inv_tau, torch.Tensor):
+        return inv_tau.float().contiguous(), 1.0, True
+    return placeholder, float(inv_tau), False
+
+
+def fold_stats(z, targets, inv_tau, entropy: bool):
+    """`[C, V]` float32 logits (unit column stride), `[C]` targets, 1/τ (float or `[C]`) → lse, logp, entropy."""
+    c, v = z.shape
+    if z.stride(1) != 1:
+        raise ValueError(f"the logit tile must have unit column stride, got strides {z.stride()}")
+    lse = torch.empty(c, dtype=torch.float32, device=z.device)
+    logp = torch.empty_like(lse)
+    ent = torch.empty_like(lse) if entropy else lse
+    tau_ptr, tau_scalar, per_row = _tau_args(inv_tau, lse)
+    fold_stats_kernel[(c,)](
+        z,
+        targets.contiguous(),
+        tau_ptr,
+        lse,
+        logp,
+        ent,
+        v,
+        z.stride(0),
+        tau_scalar,
+        PER_ROW_TAU=per_row,
+        HAS_ENTROPY=entropy,
+        BLOCK_V=FUSED_STATS_BLOCK_V,
+        num_warps=FUSED_STATS_NUM_WARPS,
+    )
+    return lse, logp, ent if entropy else None
+
+
+def fold_dz(z, out, targets, inv_tau, lse, entropy, g, g_entropy):
+    """∂ℓ/∂(h·Wᵀ) of the tile into `out` (`[C, V]`, any float dtype; may be z itself)."""
+    c, v = z.shape
+    if out.shape != z.shape or out.stride(1) != 1:
+        raise ValueError(f"out must be a [C, V] = {tuple(z.shape)} tile with unit column stride")
+    tau_ptr, tau_scalar, per_row = _tau_args(inv_tau, lse)
+    has_eg = g_entropy is not None
+    grid = (c, triton.cdiv(v, FUSED_DZ_BLOCK_V))
+    fold_dz_kernel[grid](
+        z,
+        out,
+        targets.contiguous(),
+        tau_ptr,
+        lse,
+        entropy if has_eg else lse,
+        g.float().contiguous(),
+        g_entropy.float().contiguous() if has_eg else lse,
+        v,
+        z.stride(0),
+        out.stride(0),
+        tau_scalar,
+        PER_ROW_TAU=per_row,
+        HAS_ENTROPY_GRAD=has_eg,
+        BLOCK_V=FUSED_DZ_BLOCK_V,
+        num_warps=FUSED_DZ_NUM_WARPS,
+    )
+    return out

@@ -1,0 +1,12 @@
+"""The frozen parameters of the gradient-in-forward loss op."""
+
+from dataclasses import dataclass
+
+__all__ = ["FusedLossParams"]
+
+
+@dataclass(frozen=True)
+class FusedLossParams:
+    impl: str  # "torch" (the fold in torch ops) or "triton" (the fold / ∂z epilogue as Triton kernels)
+    entropy: bool  # compute the entropy (for the loss's bonus or as a metric)
+    needs: tuple[bool, bool, bool]  # gradients wanted for (hidden, weight, bias)

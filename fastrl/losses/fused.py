@@ -1,0 +1,119 @@
+"""`grpo_loss` with its gradient formed in the forward pass (docs/math.md §6): the loss side of the glue.
+
+Taken for a token-level ratio when a gradient is wanted. The loss value and the metrics are those of
+`policy_loss` on the log-probs of the same pass (so they equal the two-pass path's); the gradients of
+hidden, weight and bias come from `fastrl.kernels.fused_loss`, formed chunk by chunk in the forward and
+handed to autograd by the backward.
+"""
+
+import torch
+
+from fastrl.kernels import attach_gradients, policy_loss_grads
+
+from .config import LossConfig
+from .policy import LossOutput, Normalizer, _aggregate, _kernel_params, policy_loss
+from .weights import policy_weight
+
+__all__ = ["fused_grpo_loss", "wants_fused"]
+
+
+def wants_fused(hidden, weight, bias, config: LossConfig, old=None, rollout=None) -> bool:
+    """True when the gradient-in-forward path applies: a gradient to form, and a loss whose every token term
+    depends on that token's own logp and entropy once the constants are known before the vocabulary pass.
+
+    Left to the recompute path: a sequence-level ratio (GSPO, GSPO-token); policy weights that read the
+    current log-probs (CISPO's clipped ratio, VESPO's sequence weight, the off-policy sequence mask, and an IS
+    weight whose base is the current policy because old_logprobs is None); the batch entropy quantile; and
+    an entropy bonus aggregated apart from the loss.
+    """
+    if config.ratio_level != "token" or not torch.is_grad_enabled():
+        return False
+    if config.pg_loss not in ("clip", "sapo", "gpg") or config.off_policy_mask is not None:
+        return False
+    if config.top_entropy_quantile < 1 or (config.entropy_agg != "loss" and config.entropy_coef != 0):
+        return False
+    if config.is_cap is not None and old is None:
+        return False
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (hidden, weight, bias))
+
+
+def _row_weight(mask: torch.Tensor, config: LossConfig, normalizer) -> torch.Tensor:
+    # ∂L/∂row_loss_b of the aggregation (linear in row_loss), from the aggregation itself
+    live = mask if mask.dtype == torch.bool else mask != 0
+    tokens = live.sum(-1).float()
+    probe = torch.zeros(mask.shape[0], dtype=torch.float32, device=mask.device, requires_grad=True)
+    with torch.enable_grad():
+        (weight,) = torch.autograd.grad(_aggregate(probe, tokens, config, normalizer), probe)
+    return weight
+
+
+def fused_grpo_loss(
+    hidden,
+    weight,
+    targets,
+    mask,
+    advantages,
+    *,
+    bias,
+    old,
+    ref,
+    rollout,
+    config,
+    normalizer,
+    impl,
+    temperature,
+    return_entropy,
+    ignore_index,
+) -> LossOutput:
+    need_entropy = config.entropy_coef != 0 or return_entropy
+    b, t = mask.shape
+    # The policy inputs and the normalizer are checked before any vocabulary work: the same call on zeros.
+    zeros = torch.zeros(b, t, dtype=torch.float32, device=hidden.device)
+    policy_loss(
+        zeros,
+        advantages,
+        mask,
+        old_logprobs=old,
+        ref_logprobs=ref,
+        rollout_logprobs=rollout,
+        entropy=zeros if need_entropy else None,
+        config=config,
+        normalizer=normalizer,
+        impl=impl,
+    )
+    # the policy term's detached factor (here only an IS weight from old and rollout log-probs: see
+    # wants_fused) is known before the vocabulary pass; the zeros stand in for the current logp it ignores
+    live = mask if mask.dtype == torch.bool else mask != 0
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)
+    token_weight, _, _ = policy_weight(config, zeros, old, rollout, live, adv, None)
+    policy_normalizer = normalizer.policy if isinstance(normalizer, Normalizer) else normalizer
+    logp, entropy, grads = policy_loss_grads(
+        hidden,
+        weight,
+        targets,
+        advantages,
+        mask,
+        old,
+        ref,
+        None if token_weight is None else token_weight.float(),
+        _kernel_params(config),
+        _row_weight(mask, config, policy_normalizer),
+        bias=bias,
+        temperature=temperature,
+        ignore_index=ignore_index,
+        entropy=need_entropy,
+        impl=impl,
+    )
+    out = policy_loss(
+        logp,
+        advantages,
+        mask,
+        old_logprobs=old,
+        ref_logprobs=ref,
+        rollout_logprobs=rollout,
+        entropy=entropy,
+        config=config,
+        normalizer=normalizer,
+        impl=impl,
+    )
+    return LossOutput(attach_gradients(out.loss.detach(), hidden, weight, bias, grads), out.metrics)
