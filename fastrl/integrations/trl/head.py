@@ -1,0 +1,91 @@
+"""The LM head of a TRL-patched model, routed through `fastrl.token_logprobs` (docs/math.md §1).
+
+TRL's `GRPOTrainer` scores completions with `model(..., labels=labels, fused_lm_head=True)`, a forward that
+`trl.add_fused_lm_head` installs: the backbone, then TRL's chunked log-prob kernel on its last hidden state.
+`add_fastrl_lm_head` installs the same call on top of it with fastrl's kernel in place of TRL's, so the policy,
+old and reference log-probs all come from fastrl, and every wrapper (DDP, FSDP, PEFT) still sees a forward
+of the wrapped model. Calls without `fused_lm_head=True` (generation) go to the previous forward unchanged.
+
+Precision follows TRL's kernel: the head's matmul runs in the autocast dtype when autocast is on (TRL's
+default `bf16=True` runs the whole forward under `torch.autocast`, also on CPU) and in the hidden state's
+dtype otherwise; `cast_lm_head_to_fp32=True` runs it in float32 outside autocast. fastrl then takes the
+log-softmax in float32.
+"""
+
+import functools
+import types
+
+import torch
+
+from fastrl.kernels import token_logprobs
+from fastrl.losses import lm_body_and_head
+
+__all__ = ["add_fastrl_lm_head"]
+
+IGNORE_INDEX = -100
+
+
+def _compute_dtype(hidden: torch.Tensor, cast_lm_head_to_fp32: bool) -> torch.dtype:
+    if cast_lm_head_to_fp32:
+        return torch.float32
+    if torch.is_autocast_enabled(hidden.device.type):
+        return torch.get_autocast_dtype(hidden.device.type)
+    return hidden.dtype
+
+
+def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_fp32: bool = False, impl="auto"):
+    """(logp, entropy) `[B, T]` float32 of `labels` under `model`'s head on `hidden` `[B, T, D]`; -100 rows give 0."""
+    _, weight, bias = lm_body_and_head(model)
+    hidden = hidden.to(weight.device)
+    labels = labels.to(weight.device)
+    dtype = _compute_dtype(hidden, cast_lm_head_to_fp32)
+    # The casts are differentiable: the gradient reaches the float32 master weights as through TRL's kernel.
+    hidden, weight = hidden.to(dtype), weight.to(dtype)
+    bias = None if bias is None else bias.to(dtype)
+    return token_logprobs(
+        hidden, weight, labels, bias=bias, temperature=temperature, ignore_index=IGNORE_INDEX,
+        return_entropy=True, impl=impl,
+    )  # fmt: skip
+
+
+def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False, impl: str = "auto"):
+    """Make `model(..., labels=labels, fused_lm_head=True)` score the labels with fastrl's log-prob kernel.
+
+    Args:
+        model: a Hugging Face `*ForCausalLM` (the base model under PEFT), usually already patched by
+            `trl.trainer.utils.add_fused_lm_head`.
+        temperature: the logits are divided by it (the sampling temperature).
+        cast_lm_head_to_fp32: run the head in float32 outside autocast (TRL's option of that name).
+        impl: fastrl's kernel choice, "auto", "triton" or "torch".
+
+    Raises:
+        ValueError: the model has no separable body and linear head (e.g. a soft-capped head).
+    """
+    from trl.trainer.utils import FusedCausalLMOutput
+
+    lm_body_and_head(model)  # refuse an unsupported head now, not at the first training step
+    previous = model.forward
+
+    @functools.wraps(type(model).forward)
+    def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
+        if not fused_lm_head:
+            extra = {"labels": labels, "shift_labels": shift_labels, "num_items_in_batch": num_items_in_batch}
+            return previous(*args, **kwargs, **{k: v for k, v in extra.items() if v is not None})
+        if kwargs.get("output_router_logits"):
+            raise ValueError("fastrl's LM head does not compute the MoE load-balancing loss (output_router_logits)")
+        kwargs["use_cache"] = False
+        hidden = self.base_model(*args, **kwargs).last_hidden_state
+        if shift_labels is None:
+            hidden, labels = hidden[:, :-1], labels[:, 1:]
+        else:
+            labels = shift_labels
+        logp, entropy = head_logprobs(
+            self, hidden, labels, temperature=temperature, cast_lm_head_to_fp32=cast_lm_head_to_fp32, impl=impl
+        )
+        mask = labels.to(logp.device) != IGNORE_INDEX
+        count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        return FusedCausalLMOutput(loss=-logp.sum() / count, log_probs=logp, entropy=entropy, label_mask=mask)
+
+    model.forward = types.MethodType(forward, model)
+    model._fastrl_lm_head = True
+    return model

@@ -1,0 +1,148 @@
+"""fastrl inside verl's actor (needs verl): a registered policy loss and the fused log-prob backend.
+
+Importing this module (verl's workers do it through the model's `external_lib` option)
+
+- registers `fastrl_policy_loss` in verl's policy-loss registry under "fastrl";
+- makes `forward_with_fastrl_backend` the forward verl installs on dense text models when
+  `use_fused_kernels=True` (either `fused_kernel_options.impl_backend`): the actor's log-probs and entropy then
+  come from `fastrl.token_logprobs` on the body's hidden states, never building `[tokens, V]`.
+
+    actor_rollout_ref.model.external_lib=fastrl.integrations.verl
+    actor_rollout_ref.actor.policy_loss.loss_mode=fastrl
+    actor_rollout_ref.model.use_fused_kernels=True
+
+It is verl's "vanilla" PPO policy term (clip-higher `clip_ratio_low` / `clip_ratio_high`, the dual clip
+`clip_ratio_c`, the rollout importance weights), aggregated by `loss_agg_mode` with verl's global batch
+normalizers (docs/math.md §2–3); verl adds the KL and entropy terms itself, as for every loss mode. The
+rollout weights are non-negative constants on the policy term, so they are folded into the advantages
+(exact). verl clamps the log-ratio to [−20, 20] before `exp`; fastrl does not, which changes nothing unless a
+ratio exceeds e^20.
+"""
+
+import torch
+from verl.trainer.ppo.core_algos import register_policy_loss
+
+from fastrl.kernels import token_logprobs
+from fastrl.losses import LossConfig, lm_body_and_head, policy_loss
+
+__all__ = ["VERL_FORWARDS", "fastrl_policy_loss", "forward_with_fastrl_backend", "use_fastrl_backend"]
+
+
+def _get(config, name, default=None):
+    value = config.get(name, default) if hasattr(config, "get") else getattr(config, name, default)
+    return default if value is None else value
+
+
+def _config_and_normalizer(config, loss_agg_mode: str, mask: torch.Tensor):
+    """The `LossConfig` and normalizer that reproduce verl's `agg_loss` for this micro-batch."""
+    clip = _get(config, "clip_ratio", 0.2)
+    info = dict(_get(config, "global_batch_info", {}))
+    dp = info.get("dp_size") or 1
+    fields = dict(
+        eps_low=_get(config, "clip_ratio_low", clip), eps_high=_get(config, "clip_ratio_high", clip),
+        dual_clip=_get(config, "clip_ratio_c", 3.0),
+    )  # fmt: skip
+    if loss_agg_mode in ("token-mean", "token-sum"):
+        tokens = info.get("batch_num_tokens")
+        # token-sum is the token sum times dp_size: token-mean over a count of 1 / dp_size
+        count = 1 if loss_agg_mode == "token-sum" else (mask.sum() if tokens is None else tokens)
+        return LossConfig(loss_agg="token-mean", **fields), count / dp
+    # the seq-mean modes count only sequences with a live token (verl's seq_mask)
+    batch = info.get("global_batch_size")
+    count = (mask.sum(-1) > 0).sum() if batch is None else batch
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        scale = info.get("loss_scale_factor") or mask.shape[-1]
+        return LossConfig(loss_agg=loss_agg_mode, max_completion_length=int(scale), **fields), count / dp
+    if loss_agg_mode not in ("seq-mean-token-mean", "seq-mean-token-sum"):
+        raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not one of verl's aggregation modes")
+    return LossConfig(loss_agg=loss_agg_mode, **fields), count / dp
+
+
+@register_policy_loss("fastrl")
+def fastrl_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+):
+    """verl's policy-loss signature: `[B, T]` tensors → (pg_loss, {"actor/pg_clipfrac", "actor/ppo_kl",
+    "actor/pg_clipfrac_lower"}), with verl's metric definitions."""
+    if config is None:
+        raise ValueError("fastrl_policy_loss needs verl's actor config (clip_ratio, global_batch_info, ...)")
+    loss_config, normalizer = _config_and_normalizer(config, loss_agg_mode, response_mask)
+    pg_advantages = advantages if rollout_is_weights is None else advantages * rollout_is_weights
+    out = policy_loss(
+        log_prob, pg_advantages, response_mask, old_logprobs=old_log_prob, config=loss_config, normalizer=normalizer
+    )
+    mask = response_mask.to(log_prob.dtype)
+    tokens = mask.sum().clamp(min=1)
+    log_ratio = (log_prob.detach() - old_log_prob).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    clipped = -advantages * ratio.clamp(1 - loss_config.eps_low, 1 + loss_config.eps_high)
+    low = (ratio < 1 - loss_config.eps_low) & (advantages < 0)
+    high = (ratio > 1 + loss_config.eps_high) & (advantages > 0)
+    capped = (torch.maximum(-advantages * ratio, clipped) > -advantages * loss_config.dual_clip) & (advantages < 0)
+
+    def mean(x):
+        return ((x.to(mask.dtype) * mask).sum() / tokens).item()
+
+    metrics = {
+        "actor/pg_clipfrac": mean(low | high),
+        "actor/ppo_kl": mean(-log_ratio),
+        "actor/pg_clipfrac_lower": mean(capped),
+    }
+    return out.loss, metrics
+
+
+def forward_with_fastrl_backend(
+    self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
+    labels=None, use_cache=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+    cache_position=None, logits_to_keep=0, temperature=1.0, shift_labels=None, **loss_kwargs,
+):  # fmt: skip
+    """verl's fused-kernel forward of a dense causal LM, with fastrl's log-probs: returns verl's
+    `CausalLMOutputForPPO` (log_probs float32, entropy in the hidden states' dtype, as verl's backends)."""
+    from verl.models.transformers.dense_common import CausalLMOutputForPPO, forward_base_model
+
+    outputs = forward_base_model(
+        self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+        output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=return_dict,
+        cache_position=cache_position,
+    )  # fmt: skip
+    if shift_labels is not None:  # labels verl has already rolled (sequence parallelism)
+        targets = shift_labels
+    elif labels is not None:
+        targets = torch.roll(labels, shifts=-1, dims=-1)
+    elif input_ids is not None:
+        targets = torch.roll(input_ids, shifts=-1, dims=-1)
+    else:
+        raise ValueError("forward_with_fastrl_backend needs labels, shift_labels or input_ids")
+    hidden = outputs[0]
+    _, weight, bias = lm_body_and_head(self)
+    logp, entropy = token_logprobs(
+        hidden, weight, targets.to(torch.int64), bias=bias, temperature=float(temperature), return_entropy=True
+    )
+    return CausalLMOutputForPPO(
+        log_probs=logp, entropy=entropy.to(hidden.dtype), past_key_values=outputs.past_key_values,
+        hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+    )  # fmt: skip
+
+
+# verl's own fused forwards, as they were before `use_fastrl_backend` replaced them
+VERL_FORWARDS = {}
+
+
+def use_fastrl_backend() -> None:
+    """Make verl's `use_fused_kernels` path install `forward_with_fastrl_backend` on dense text models."""
+    import verl.models.transformers.dense_common as dense
+
+    if not VERL_FORWARDS:
+        VERL_FORWARDS.update(torch=dense.forward_with_torch_backend, triton=dense.forward_with_triton_backend)
+    dense.forward_with_torch_backend = forward_with_fastrl_backend
+    dense.forward_with_triton_backend = forward_with_fastrl_backend
+
+
+use_fastrl_backend()

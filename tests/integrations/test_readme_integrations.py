@@ -1,0 +1,26 @@
+"""The README's "Use it from TRL" / "Use it from verl" sections run as written."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _blocks(title: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", text, flags=re.S | re.M)
+    assert match, f"README has no section {title!r}"
+    code = re.findall(r"```python\n(.*?)```", match.group(1), flags=re.S)
+    assert code, f"README section {title!r} has no python block"
+    return "\n".join(code)
+
+
+def test_use_it_from_trl_runs(tmp_path):
+    pytest.importorskip("trl")
+    code = _blocks("Use it from TRL") + "\nassert trainer.state.global_step == 1, trainer.state.global_step\n"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
