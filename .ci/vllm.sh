@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The vLLM tests (tests/vllm) on vLLM's CPU build, in a venv of their own (vLLM pins an older transformers
+# The vLLM tests (tests/rollout_vllm) on vLLM's CPU build, in a venv of their own (vLLM pins an older transformers
 # than the main environment). The venv is cached under ${FASTRL_CACHE:-$HOME/.cache/fastrl}, named by a hash
 # of the pins below: a venv built from other pins is never reused (and is removed when a new one is built).
 set -euo pipefail
@@ -52,4 +52,4 @@ fi
 
 # FASTRL_REQUIRE_VLLM: a vLLM that does not import is a collection error here, never a skip.
 export FASTRL_REQUIRE_VLLM=1 HF_HUB_OFFLINE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/python" -m pytest tests/vllm --timeout 1800 "$@"
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/python" -m pytest tests/rollout_vllm --timeout 1800 "$@"

@@ -13,7 +13,7 @@ before the first batch: vLLM loads `config.model` from disk, the trainer's copy 
   it was drawn from (after temperature and top-p): what the `is_cap` correction needs (docs/math.md §2).
 - vLLM reseeds the global RNGs and fixes torch's thread count while it starts; the trainer's are restored.
 
-Tested on vLLM's CPU build (tests/vllm). Only a GPU run exercises the sleep / wake-up calls.
+Tested on vLLM's CPU build (tests/rollout_vllm). Only a GPU run exercises the sleep / wake-up calls.
 """
 
 import contextlib
