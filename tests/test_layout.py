@@ -182,3 +182,12 @@ def test_test_basenames_are_unique():
             seen.setdefault(path.name, []).append(str(path.relative_to(root)))
     clashes = {name: paths for name, paths in seen.items() if len(paths) > 1}
     assert not clashes, clashes
+
+
+def test_test_folders_shadow_no_package():
+    # pytest puts test folders on sys.path: a tests/vllm folder made `import vllm` find it instead of vLLM
+    root = pathlib.Path(__file__).resolve().parent
+    peers = {"vllm", "trl", "verl", "torch", "triton", "transformers", "liger_kernel", "cut_cross_entropy"}
+    peers |= {"math_verify", "sympy", "datasets", "accelerate", "fastrl"}
+    shadowing = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_dir() and p.name in peers)
+    assert not shadowing, shadowing
