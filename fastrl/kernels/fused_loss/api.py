@@ -111,8 +111,8 @@ def policy_loss_grads(
     Returns:
         logp `[B, T]`, entropy `[B, T]` or None, and (d_hidden, d_weight, d_bias) as `fused_logprob_grads`.
     """
-    if params.seq_ratio:
-        raise ValueError("the gradient-in-forward path needs a token-level ratio (params.seq_ratio is True)")
+    if params.ratio_level != "token":
+        raise ValueError(f"the gradient-in-forward path needs a token-level ratio, got {params.ratio_level!r}")
     impl = resolve_impl(impl, hidden.device)
     token_grad = PolicyTokens(advantages, mask, old, ref, token_weight, params, row_weight, impl)
     return fused_logprob_grads(
