@@ -124,10 +124,11 @@ class VerifierPool:
 
     def start(self) -> None:
         """Start every worker now and wait until they are ready (otherwise they start on first use)."""
-        borrowed = [self._acquire(block=True)]
-        while (worker := self._acquire(block=False)) is not None:
-            borrowed.append(worker)
+        # Blocking for each slot also waits for a replacement that is still being spawned in the background.
+        borrowed: list[_Worker] = []
         try:
+            for _ in range(self.num_workers):
+                borrowed.append(self._acquire(block=True))
             for worker in borrowed:
                 worker.wait_ready(_STARTUP_TIMEOUT)
         finally:
@@ -190,6 +191,20 @@ class VerifierPool:
             self._forget()
             raise
 
+    def _replace_in_background(self, worker: _Worker) -> None:
+        """Kill a borrowed worker now; its replacement starts in a thread and joins the idle ones when spawned."""
+        worker.kill()
+
+        def spawn() -> None:
+            try:
+                replacement = _Worker(self.memory_limit_mb)
+            except BaseException:
+                self._forget()
+                return
+            self._release(replacement)
+
+        threading.Thread(target=spawn, daemon=True).start()
+
     def math_equal(self, pred: str | None, gold: str, *, timeout: float = 5.0) -> bool:
         """``math_equal`` on this pool; see ``fastrl.rewards.math_equal``."""
         return self.map([(pred, gold)], timeout=timeout)[0]
@@ -200,8 +215,8 @@ class VerifierPool:
         """Check many (pred, gold) pairs in parallel; each check gets its own ``timeout`` seconds.
 
         A pred of None (no extracted answer) is False. Plain numbers are decided in this process; the rest go
-        to the workers. The time limit counts from when a worker receives the pair: waiting for a free worker
-        in a busy pool is not part of it.
+        to the workers. The time limit counts from when the pair is handed to a worker: waiting for a free
+        worker in a busy pool is not part of it.
 
         Args:
             pairs: (pred, gold) pairs; a gold may be a full solution (see ``gold_answer``).
@@ -260,13 +275,14 @@ class VerifierPool:
             while pending or busy:
                 while ready and pending:
                     worker, i = ready.pop(), pending.popleft()
+                    deadline = time.monotonic() + timeout  # handing a long text over counts against the limit
                     try:
                         worker.conn.send((*tasks[i], timeout))
                     except OSError:  # it died while idle: the pair waits for the replacement
                         pending.appendleft(i)
                         starting.append(self._replace(worker))
                         continue
-                    busy[worker] = (i, time.monotonic() + timeout)
+                    busy[worker] = (i, deadline)
                 if not busy and not starting:
                     raise RuntimeError("every verifier worker failed to start")
                 if not busy and time.monotonic() > startup_deadline:
@@ -288,8 +304,11 @@ class VerifierPool:
                         continue
                     del busy[worker]
                     results[i] = False
-                    starting.append(self._replace(worker))
-                    startup_deadline = time.monotonic() + _STARTUP_TIMEOUT
+                    if pending:
+                        starting.append(self._replace(worker))
+                        startup_deadline = time.monotonic() + _STARTUP_TIMEOUT
+                    else:
+                        self._replace_in_background(worker)  # the call returns now, not after a fork
                 for worker in [w for w in starting if w.conn in readable]:
                     starting.remove(worker)
                     try:
