@@ -16,7 +16,7 @@ from .checkpoint import latest_checkpoint, load_checkpoint
 from .config import TrainConfig
 from .fsdp import shard_model
 from .rewards import accuracy_reward, combine_rewards, format_reward
-from .sharded_checkpoint import load_sharded
+from .sharded_checkpoint import is_sharded_checkpoint, load_sharded
 from .tasks import PromptStream, load_problems
 from .tiny import CharTokenizer, sft_warmup, tiny_model
 from .update import supports_packing
@@ -137,6 +137,9 @@ def start_run(config: TrainConfig) -> Run:
         answer_key=config.answer_key,
     )
     resume_from = latest_checkpoint(config.output_dir) if config.resume else None
+    if resume_from is not None and is_sharded_checkpoint(resume_from) != config.fsdp:
+        kind = "without" if config.fsdp else "with"
+        raise ValueError(f"{resume_from} was written {kind} --fsdp: resume it the way it was written")
     if config.warmup_sft_steps and resume_from is None:
         sft_warmup(model, tokenizer, problems, config, packed, progress=config.progress and rank == 0)
     ref_model = None
