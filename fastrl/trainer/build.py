@@ -16,7 +16,7 @@ from . import distributed as dist_utils
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_checkpoint
 from .config import TrainConfig
 from .fsdp import shard_model
-from .sharded_checkpoint import load_sharded
+from .sharded_checkpoint import is_sharded_checkpoint, load_sharded
 from .tasks import PromptStream, load_problems
 from .tiny import CharTokenizer, sft_warmup, tiny_model
 from .update import supports_packing
@@ -129,6 +129,11 @@ def start_run(config: TrainConfig) -> Run:
     model, tokenizer = build_model(config, device)
     packed = config.packing == "on" or (config.packing == "auto" and supports_packing(model))
     resuming = config.resume and bool(list_checkpoints(config.output_dir))
+    if resuming and is_sharded_checkpoint(latest_checkpoint(config.output_dir)) != config.fsdp:
+        kind = "without" if config.fsdp else "with"
+        raise ValueError(
+            f"{latest_checkpoint(config.output_dir)} was written {kind} --fsdp: resume it the way it was written"
+        )
     if config.warmup_sft_steps and not resuming:
         loss = sft_warmup(model, tokenizer, problems, config, packed, progress=config.progress and rank == 0)
         if not config.progress and config.log_every and rank == 0:

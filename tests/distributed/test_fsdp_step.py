@@ -19,6 +19,7 @@ from fastrl.trainer.update import sequence_logprobs, train_step
 
 BUDGET = 24
 CONFIG = LossConfig(loss_agg="token-mean", eps_high=0.28)
+CLIP = 0.5
 
 
 def batch(n=8):
@@ -44,8 +45,8 @@ def three_steps(model, samples):
     opt.model = model
     losses = []
     for _ in range(3):
-        m = train_step(model, opt, samples, CONFIG, budget=BUDGET, packed=True, pad_id=0, max_grad_norm=0.5)
-        losses.append(m["loss"])
+        m = train_step(model, opt, samples, CONFIG, budget=BUDGET, packed=True, pad_id=0, max_grad_norm=CLIP)
+        losses.append((m["loss"], m["grad_norm"]))
     logp = sequence_logprobs(model, samples, BUDGET, True, 0, 1.0)
     return opt.measured, losses, logp
 
@@ -87,3 +88,4 @@ def test_fsdp_steps_equal_single_process_with_half_the_bytes(tmp_path):
         print(f"rank {r}: {sum(g['bytes'].values())} of {replicated} bytes = {ratio:.3f}")
         assert ratio <= 0.6, (g["bytes"], measured)
     assert any((start[n] - p).abs().max() > 1e-4 for n, p in ref.named_parameters())  # the steps moved the weights
+    assert max(norm for _, norm in losses) > CLIP  # clipping bound: the global norm of the shards was used

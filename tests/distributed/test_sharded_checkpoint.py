@@ -73,6 +73,19 @@ def test_sigkill_mid_save_leaves_the_last_complete_checkpoint(tmp_path):
     assert not os.path.exists(half)
 
 
+def test_export_and_resume_refuse_the_wrong_kind_of_checkpoint(tmp_path):
+    from fastrl.trainer.cli import main
+    from fastrl.trainer.config import make_config
+
+    os.makedirs(tmp_path / "checkpoints" / "step-00000002")  # a replicated checkpoint has no DCP metadata
+    assert main(["export", str(tmp_path / "checkpoints" / "step-00000002"), str(tmp_path / "hf")]) == 2
+    from fastrl.trainer.build import start_run
+
+    config = make_config("tiny", output_dir=str(tmp_path), resume=True, fsdp=True)
+    with pytest.raises(ValueError, match="torchrun"):  # --fsdp on one process: refused before any model
+        start_run(config)
+
+
 def _train(out, *extra):
     return [sys.executable, "-m", "fastrl.trainer", "train", "--preset", "tiny", "--output-dir", str(out),
             "--max-steps", "6", "--save-steps", "2", "--warmup-sft-steps", "5", "--prompts-per-step", "4",
