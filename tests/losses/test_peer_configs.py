@@ -73,6 +73,8 @@ def test_trl_normalizer_eval_and_missing_items():
     assert float(trl_normalizer(_trl_args(), mask, num_items_in_batch=6, training=False).policy) == 6
     with pytest.raises(ValueError, match="num_items_in_batch"):
         trl_normalizer(_trl_args(loss_type="cispo"), mask)
+    with pytest.raises(ValueError, match="top_entropy_quantile"):  # TRL's quantile spans the processes
+        trl_normalizer(_trl_args(top_entropy_quantile=0.2), mask, num_items_in_batch=6, num_processes=2)
 
 
 def test_verl_normalizer():
