@@ -97,6 +97,9 @@ def policy_weight(cfg: LossConfig, logp, old, rollout, m, adv, entropy, is_mask=
 
     `m` is the loss mask (after rejection sampling); `is_mask` the mask the IS weight sums over (default m).
     """
+    plain = cfg.is_cap is None and cfg.off_policy_mask is None and cfg.top_entropy_quantile == 1
+    if plain and cfg.pg_loss not in ("cispo", "vespo"):
+        return None, None, {}  # the default path: no [B, T] work
     dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
     is_mask = m if is_mask is None else is_mask
     logp_det = torch.where(m, logp.detach().to(dt), 0.0)
