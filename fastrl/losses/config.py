@@ -18,8 +18,12 @@ RATIO_LEVELS = ("token", "sequence", "sequence-token")
 IS_LEVELS = ("token", "sequence")
 IS_MODES = ("truncate", "mask")
 ENTROPY_AGGS = ("loss", "token-mean")
+# verl's rejection-sampling options: where (token, or the sequence's sum / mean / max) and which divergence of
+# log(π_old / π_rollout); a k1 option keeps ratios in [lower, upper], the others divergences ≤ upper
+REJECTION_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
+                     "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")  # fmt: skip
 
-__all__ = ["AGG_MODES", "KL_ESTIMATORS", "PG_LOSSES", "RATIO_LEVELS", "TRL_ALIASES", "LossConfig"]
+__all__ = ["AGG_MODES", "KL_ESTIMATORS", "PG_LOSSES", "RATIO_LEVELS", "REJECTION_OPTIONS", "TRL_ALIASES", "LossConfig"]
 
 
 def _number(name: str, value, *, allow_none: bool = False) -> None:
@@ -77,6 +81,7 @@ class LossConfig:
     vespo_lambda_pos: float = 3.0
     vespo_k_neg: float = 3.0  # and for A < 0
     vespo_lambda_neg: float = 2.0
+    rejection: tuple = ()  # ((option, lower, upper), ...) of REJECTION_OPTIONS: tokens / sequences masked out
 
     def __post_init__(self):
         if not isinstance(self.loss_agg, str):
@@ -102,6 +107,26 @@ class LossConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._check_ranges(given, agg)
+        self._check_rejection()
+
+    def _check_rejection(self) -> None:
+        if isinstance(self.rejection, (str, bytes)) or not isinstance(self.rejection, (tuple, list)):
+            raise TypeError(f"rejection must be a tuple of (option, lower, upper), got {self.rejection!r}")
+        rules = []
+        for rule in self.rejection:
+            if not isinstance(rule, (tuple, list)) or len(rule) != 3:
+                raise ValueError(f"a rejection rule must be (option, lower, upper), got {rule!r}")
+            option, lower, upper = rule
+            _choice("rejection option", option, REJECTION_OPTIONS)
+            _number(f"{option} upper", upper)
+            _number(f"{option} lower", lower, allow_none=True)
+            if option.endswith("k1"):
+                if lower is None or not 0 < lower <= upper:
+                    raise ValueError(f"{option} keeps ratios in [lower, upper]: needs 0 < lower <= upper, got {rule}")
+            elif lower is not None or not upper > 0:
+                raise ValueError(f"{option} bounds a divergence: needs lower None and upper > 0, got {rule}")
+            rules.append((option, None if lower is None else float(lower), float(upper)))
+        object.__setattr__(self, "rejection", tuple(rules))
 
     def _check_ranges(self, given: str, agg: str) -> None:
         if self.beta < 0:

@@ -9,7 +9,7 @@ import torch
 from fastrl.kernels import STATS, PolicyLossParams, policy_rows, resolve_impl
 
 from .config import LossConfig
-from .weights import policy_weight
+from .weights import policy_weight, rejection_keep
 
 __all__ = ["METRIC_KEYS", "LossOutput", "Normalizer", "policy_loss"]
 
@@ -27,6 +27,7 @@ _METRIC_COLUMNS = {
     "is_weight_mean": None,
     "vespo_phi_mean": None,
     "off_policy_masked_frac": None,
+    "rejected_frac": None,
 }
 METRIC_KEYS = tuple(_METRIC_COLUMNS)
 _TOKENS = STATS.index("tokens")
@@ -86,10 +87,12 @@ def _check_inputs(logprobs, advantages, mask, old, ref, rollout, entropy, config
         raise ValueError(f"config.beta={config.beta} > 0 needs ref_logprobs")
     if config.is_cap is not None and rollout is None:
         raise ValueError(f"config.is_cap={config.is_cap} needs rollout_logprobs (the sampler's log-probs)")
-    if rollout is not None and config.is_cap is None and config.off_policy_mask is None:
+    if config.rejection and rollout is None:
+        raise ValueError(f"config.rejection={config.rejection} needs rollout_logprobs (the sampler's log-probs)")
+    if rollout is not None and config.is_cap is None and config.off_policy_mask is None and not config.rejection:
         raise ValueError(
-            "rollout_logprobs was given but config.is_cap is None (and so is config.off_policy_mask): "
-            "set is_cap to apply the IS weight"
+            "rollout_logprobs was given but config.is_cap is None (and so are config.off_policy_mask and "
+            "config.rejection): set is_cap to apply the IS weight"
         )
     if config.entropy_coef != 0 and entropy is None:
         raise ValueError(f"config.entropy_coef={config.entropy_coef} != 0 needs entropy")
@@ -241,8 +244,16 @@ def policy_loss(
         normalizer, steps = normalizer.policy, normalizer.accumulation_steps
     params = _kernel_params(config)
     m = mask if mask.dtype == torch.bool else mask != 0
+    m_in, rejected = m, None
+    if config.rejection:  # the rejected tokens leave the loss, its counts and metrics
+        m = rejection_keep(logprobs, old_logprobs, rollout_logprobs, m_in, config.rejection)
+        mask, rejected = m, (m_in & ~m).sum() / m_in.sum().clamp(min=1)
     adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)
-    weight, h_mask, extra = policy_weight(config, logprobs, old_logprobs, rollout_logprobs, m, adv, entropy)
+    weight, h_mask, extra = policy_weight(
+        config, logprobs, old_logprobs, rollout_logprobs, m, adv, entropy, is_mask=m_in
+    )
+    if rejected is not None:
+        extra["rejected_frac"] = rejected.float()
     if weight is not None and resolve_impl(impl, logprobs.device) == "triton":
         weight = weight.float()
     row_loss, stats = policy_rows(

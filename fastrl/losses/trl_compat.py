@@ -110,6 +110,11 @@ def trl_normalizer(
         training: False for an evaluation call (no accumulation).
     """
     loss_type = getattr(args, "loss_type", "dapo")
+    if num_processes > 1 and getattr(args, "top_entropy_quantile", 1.0) < 1:
+        raise ValueError(
+            f"top_entropy_quantile={args.top_entropy_quantile} with num_processes={num_processes}: TRL takes the "
+            "entropy quantile over all processes' tokens, fastrl over this call's"
+        )
     ga = args.gradient_accumulation_steps if gradient_accumulation_steps is None else gradient_accumulation_steps
     ga = float(ga) if training else 1.0
     if loss_type in TRL_GLOBAL_TOKEN_TYPES:

@@ -48,6 +48,27 @@ def _is_threshold(spec):
     return "truncate", None, float(spec)
 
 
+def _rejection_rules(options, thresholds):
+    """verl's `rollout_rs` / `rollout_rs_threshold` strings → `LossConfig.rejection` rules, parsed as verl does."""
+    names = list(dict.fromkeys(o.strip() for o in str(options).split(",") if o.strip()))
+    if thresholds is None:
+        raise ValueError("rollout_correction.rollout_rs needs rollout_rs_threshold")
+    specs = [thresholds] if isinstance(thresholds, (int, float)) else [t.strip() for t in str(thresholds).split(",")]
+    specs = [str(t) for t in specs if str(t)]
+    if len(specs) == 1:
+        specs = specs * len(names)
+    if len(specs) != len(names):
+        raise ValueError(f"rollout_rs_threshold {thresholds!r} must give one value or one per option of {names}")
+    rules = []
+    for name, spec in zip(names, specs):
+        if name.endswith("k1"):
+            low, high = spec.split("_", 1) if "_" in spec else (1.0 / float(spec), spec)
+            rules.append((name, float(low), float(high)))
+        else:
+            rules.append((name, None, float(spec)))
+    return tuple(rules)
+
+
 def config_from_verl(cls, actor, *, rollout_correction=None, temperature=1.0):
     """See `LossConfig.from_verl`."""
     unsupported = []
@@ -98,8 +119,9 @@ def config_from_verl(cls, actor, *, rollout_correction=None, temperature=1.0):
         fields.update(is_level=level, is_mode=kind, is_min=lower, is_cap=upper, is_log_clip=VERL_IS_LOG_BOUND)
     if _get(rollout_correction, "rollout_is_batch_normalize", False):
         unsupported.append("rollout_correction.rollout_is_batch_normalize=True")
-    if _get(rollout_correction, "rollout_rs", None) is not None:
-        unsupported.append(f"rollout_correction.rollout_rs={_get(rollout_correction, 'rollout_rs')!r}")
+    rs = _get(rollout_correction, "rollout_rs", None)
+    if rs is not None:
+        fields["rejection"] = _rejection_rules(rs, _get(rollout_correction, "rollout_rs_threshold", None))
     if _get(rollout_correction, "bypass_mode", False):
         unsupported.append("rollout_correction.bypass_mode=True")
     if unsupported:

@@ -10,7 +10,7 @@ import torch
 
 from .config import LossConfig
 
-__all__ = ["entropy_mask", "is_weight", "policy_weight", "vespo_weight"]
+__all__ = ["entropy_mask", "is_weight", "policy_weight", "rejection_keep", "vespo_weight"]
 
 VESPO_LOG_MIN = math.log(1e-8)  # VESPO's log-weight floor
 VESPO_LOG_MAX = 20.0
@@ -64,9 +64,44 @@ def entropy_mask(entropy: torch.Tensor, m: torch.Tensor, quantile: float) -> tor
     return (torch.where(m, entropy.detach(), 0.0) >= threshold) & m
 
 
-def policy_weight(cfg: LossConfig, logp, old, rollout, m, adv, entropy):
-    """→ (weight `[B, T]` or None, entropy mask or None, metrics). adv is `[B, 1]` or `[B, T]`."""
+REJECTION_LOG_BOUND = 20.0  # verl clamps the log ratio to ±20 before the divergences
+
+
+def rejection_keep(logp, old, rollout, m, rules) -> torch.Tensor:
+    """verl's rejection sampling: the tokens `[B, T]` that pass every rule of `LossConfig.rejection`."""
     dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
+    base = logp.detach().to(dt) if old is None else old.detach().to(dt)
+    lr = torch.where(m, base - rollout.detach().to(dt), 0.0).clamp(-REJECTION_LOG_BOUND, REJECTION_LOG_BOUND)
+    divergence = {"k1": -lr, "k2": 0.5 * lr * lr, "k3": torch.exp(lr) - 1.0 - lr}
+    mf = m.to(dt)
+    keep = m.clone()
+    for option, lower, upper in rules:
+        where, kind = option.rsplit("_", 1)
+        stat = divergence[kind]
+        if where == "seq_sum":
+            stat = (stat * mf).sum(-1, keepdim=True)
+        elif where == "seq_mean":
+            stat = (stat * mf).sum(-1, keepdim=True) / (mf.sum(-1, keepdim=True) + 1e-8)
+        elif where == "seq_max":
+            stat = torch.where(m, stat, -math.inf).amax(-1, keepdim=True)
+            stat = torch.where(stat == -math.inf, 0.0, stat)
+        if kind == "k1":
+            keep = keep & (stat >= math.log(lower)) & (stat <= math.log(upper))
+        else:
+            keep = keep & (stat <= upper)
+    return keep
+
+
+def policy_weight(cfg: LossConfig, logp, old, rollout, m, adv, entropy, is_mask=None):
+    """→ (weight `[B, T]` or None, entropy mask or None, metrics). adv is `[B, 1]` or `[B, T]`.
+
+    `m` is the loss mask (after rejection sampling); `is_mask` the mask the IS weight sums over (default m).
+    """
+    plain = cfg.is_cap is None and cfg.off_policy_mask is None and cfg.top_entropy_quantile == 1
+    if plain and cfg.pg_loss not in ("cispo", "vespo"):
+        return None, None, {}  # the default path: no [B, T] work
+    dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
+    is_mask = m if is_mask is None else is_mask
     logp_det = torch.where(m, logp.detach().to(dt), 0.0)
     old_c = logp_det if old is None else torch.where(m, old.detach().to(dt), 0.0)
     adv = adv.detach().to(dt)
@@ -74,7 +109,8 @@ def policy_weight(cfg: LossConfig, logp, old, rollout, m, adv, entropy):
     count = m.sum().clamp(min=1)
     w_is = None
     if cfg.is_cap is not None:
-        w_is = is_weight(old_c, torch.where(m, rollout.detach().to(dt), 0.0), m, cfg)
+        base = torch.where(is_mask, (logp if old is None else old).detach().to(dt), 0.0)
+        w_is = is_weight(base, torch.where(is_mask, rollout.detach().to(dt), 0.0), is_mask, cfg)
         metrics["is_weight_mean"] = (w_is * m).sum() / count
         if cfg.pg_loss != "vespo":  # VESPO folds the IS weights into φ
             factors.append(w_is)

@@ -63,11 +63,44 @@ def _is_weights(cfg, old_at, rollout, i, toks):
     return out
 
 
+def _rejected(cfg, logp, old, rollout, mask):
+    """The (i, t) that verl's rejection sampling masks out, rule by rule."""
+    B, T = logp.shape
+    out = set()
+    for i in range(B):
+        toks = [t for t in range(T) if bool(mask[i, t])]
+        base = {t: _v(logp[i, t]) if old is None else float(old[i, t]) for t in toks}
+        lr = {t: max(-20.0, min(20.0, base[t] - float(rollout[i, t]))) for t in toks}
+        div = {"k1": lambda x: -x, "k2": lambda x: x * x / 2, "k3": lambda x: math.exp(x) - 1 - x}
+        for option, lower, upper in cfg.rejection:
+            where, kind = option.rsplit("_", 1)
+            per = {t: div[kind](lr[t]) for t in toks}
+            if where == "token":
+                stats = per
+            else:
+                vals = list(per.values())
+                agg = {
+                    "seq_sum": sum(vals),
+                    "seq_mean": sum(vals) / (len(vals) + 1e-8),
+                    "seq_max": max(vals, default=0.0),
+                }
+                stats = {t: agg[where] for t in toks}
+            for t, x in stats.items():
+                ok = math.log(lower) <= x <= math.log(upper) if kind == "k1" else x <= upper
+                if not ok:
+                    out.add((i, t))
+    return out
+
+
 def oracle_loss(
     logp, adv, mask, cfg, *, old=None, ref=None, rollout=None, entropy=None, normalizer=None, accumulation_steps=1
 ):
     """float64 loss of docs/math.md §2–3. logp/entropy may require grad; cfg is a LossConfig."""
     B, T = logp.shape
+    is_mask = mask
+    if cfg.rejection:
+        gone = _rejected(cfg, logp, old, rollout, mask)
+        mask = torch.tensor([[bool(mask[i, t]) and (i, t) not in gone for t in range(T)] for i in range(B)])
     live = [(i, t) for i in range(B) for t in range(T) if bool(mask[i, t])]
     h_keep = None
     if cfg.top_entropy_quantile < 1:
@@ -86,7 +119,8 @@ def oracle_loss(
             return float(adv[i] if adv.dim() == 1 else adv[i, t])
 
         seq_log_r = sum((logp[i, t] - old_at(t) for t in toks), _c(0)) / max(n, 1)
-        w_is = _is_weights(cfg, old_at, rollout, i, toks) if cfg.is_cap is not None else {}
+        is_toks = [t for t in range(T) if bool(is_mask[i, t])]  # the IS weight sums before rejection
+        w_is = _is_weights(cfg, old_at, rollout, i, is_toks) if cfg.is_cap is not None else {}
         keep_row = 1.0
         if cfg.off_policy_mask is not None:
             sampling = [old_at(t) if rollout is None else float(rollout[i, t]) for t in toks]

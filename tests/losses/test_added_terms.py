@@ -33,7 +33,7 @@ def make_batch(B=6, T=11, spread=1.5, ref_spread=3.0, per_token_adv=False, seed=
 
 
 def uses_rollout(cfg):
-    return cfg.is_cap is not None or cfg.off_policy_mask is not None
+    return cfg.is_cap is not None or cfg.off_policy_mask is not None or bool(cfg.rejection)
 
 
 def run_fastrl(b, cfg, impl, dtype, normalizer):
@@ -112,6 +112,13 @@ TERMS = {
     "nonempty-rows": dict(count_empty_rows=False, entropy_coef=0.01),
     "nonempty-rows-sum": dict(count_empty_rows=False, loss_agg="seq-mean-token-sum"),
     "token-sum": dict(loss_agg="token-sum", dual_clip=3.0),
+    "rejection-token-k1": dict(rejection=(("token_k1", 0.5, 2.0),)),
+    "rejection-seq": dict(
+        rejection=(("seq_mean_k3", None, 1.5), ("seq_max_k2", None, 4.0), ("seq_sum_k1", 0.05, 20.0)),
+        is_cap=2.0,
+        is_level="sequence",
+        entropy_coef=0.01,
+    ),  # fmt: skip
 }
 
 
@@ -133,7 +140,7 @@ def test_entropy_token_mean_takes_the_accumulation_steps(impl):
 @pytest.mark.parametrize(
     "term, metric",
     [("cispo-token", "clip_frac_high"), ("vespo", "vespo_phi_mean"), ("is-token-mask", "is_weight_mean"),
-     ("off-policy-mask", "off_policy_masked_frac")],
+     ("off-policy-mask", "off_policy_masked_frac"), ("rejection-token-k1", "rejected_frac")],
 )  # fmt: skip
 def test_weight_metrics(term, metric):
     cfg = LossConfig(**(BASE | TERMS[term]))
@@ -142,7 +149,7 @@ def test_weight_metrics(term, metric):
 
 
 @pytest.mark.parametrize("term", ["kl-k3-clip", "kl-bias-token", "off-policy-mask", "top-entropy", "nonempty-rows",
-                                  "is-sequence-mask", "gspo-token", "sapo-sequence"])  # fmt: skip
+                                  "is-sequence-mask", "gspo-token", "sapo-sequence", "rejection-seq"])  # fmt: skip
 def test_each_term_changes_the_loss(term):
     """The batch makes every term bind: switching it off changes the loss or its gradient."""
     b = make_batch(per_token_adv=True, seed=len(term))

@@ -34,6 +34,28 @@ CONFIGS = {
     ),
     "drgrpo-seq-k1": LossConfig(loss_agg="dr_grpo", max_completion_length=9, beta=0.1, kl="k1", ratio_level="sequence"),
     "token-mean-k2-ent": LossConfig(loss_agg="token-mean", beta=0.1, kl="k2", entropy_coef=-0.01, is_cap=1.1),
+    # TRL's vLLM default: sequence-level masked IS, bias-corrected KL
+    "seq-mask-is-bias-kl": LossConfig(
+        beta=0.04, kl_bias_correction=True, is_cap=3.0, is_level="sequence", is_mode="mask"
+    ),
+    "cispo-opsm-top-entropy": LossConfig(
+        pg_loss="cispo",
+        eps_low=1.0,
+        eps_high=3.0,
+        off_policy_mask=0.0,
+        top_entropy_quantile=0.5,
+        entropy_coef=0.01,
+        entropy_agg="token-mean",
+    ),  # fmt: skip
+    "sapo-gspo-token-k3plus": LossConfig(
+        loss_agg="grpo",
+        pg_loss="sapo",
+        ratio_level="sequence-token",
+        beta=0.1,
+        kl="k3+",
+        kl_clip=0.05,
+        count_empty_rows=False,
+    ),  # fmt: skip
 }
 
 
@@ -78,7 +100,7 @@ def test_grpo_loss_matches_oracle(name, impl):
     torch.testing.assert_close(out.loss.double(), loss64, rtol=1e-5, atol=1e-6)
     for got, want in zip((h.grad, w.grad, b.grad), grads64):
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6)
-    assert ("entropy_mean" in out.metrics) == (cfg.entropy_coef != 0)
+    assert ("entropy_mean" in out.metrics) == (cfg.entropy_coef != 0 or cfg.top_entropy_quantile < 1)
 
 
 def test_masked_targets_may_be_any_id_but_not_ignore_where_live():

@@ -61,7 +61,7 @@ def test_metric_names_are_exactly_metric_keys(impl):
         rollout_logprobs=b["rollout"], entropy=b["entropy"], config=full_config("token-mean", "token", "k3"),
         impl=impl,
     )  # fmt: skip
-    weighted = {"vespo_phi_mean", "off_policy_masked_frac"}  # the VESPO and off-policy-mask terms' own
+    weighted = {"vespo_phi_mean", "off_policy_masked_frac", "rejected_frac"}  # those terms' own
     assert set(full.metrics) == set(METRIC_KEYS) - weighted | {"num_tokens"}
     plain = policy_loss(b["logp"], b["adv"], b["mask"], old_logprobs=b["old"], impl=impl)
     optional = {"clip_frac_dual", "kl_mean", "entropy_mean", "is_weight_mean"} | weighted

@@ -32,6 +32,15 @@ CORRECTION = {
     "seq-tis": dict(rollout_is="sequence", rollout_is_threshold=2.0),
     "token-icepop": dict(rollout_is="token", rollout_is_threshold="0.5_2.0"),
     "seq-icepop": dict(rollout_is="sequence", rollout_is_threshold="0.3_3.0"),
+    # rejection sampling, alone and chained with sequence-level IS
+    "rs-token-k1": dict(rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25"),
+    "rs-seq-mean-k3": dict(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.05),
+    "rs-chain-seq-tis": dict(
+        rollout_is="sequence",
+        rollout_is_threshold=2.0,
+        rollout_rs="token_k2,seq_max_k3,seq_sum_k1",
+        rollout_rs_threshold="0.05,0.3,0.5_2.0",
+    ),  # fmt: skip
 }
 
 
@@ -58,6 +67,8 @@ def matrix():
         entropy = 0.01 if i % 2 else 0.0
         if policy in ("gspo", "sapo") and agg != "seq-mean-token-mean" and (kl or entropy):
             continue  # verl aggregates these policy terms by sequence but KL and entropy by loss_agg_mode
+        if corr.startswith("rs-") and kl not in (None, "low_var_kl"):
+            continue
         yield (
             f"{agg}-{policy}-{kl}-{corr}-ent{entropy}",
             dict(actor=actor(agg, policy, kl, entropy), corr=CORRECTION[corr], i=i),
@@ -83,11 +94,12 @@ def run_fastrl(case, *, global_info=None):
     logp = case["logp"].clone().requires_grad_(True)
     entropy = case["entropy"].clone().requires_grad_(True)
     losses = []
+    use_rollout = cfg.is_cap is not None or bool(cfg.rejection)
     for rows in case["micro_batches"]:
         norm = verl_normalizer(cfg, **(global_info or {}))
         out = policy_loss(
             logp[rows], case["adv"][rows], case["mask"][rows], old_logprobs=case["old"][rows],
-            ref_logprobs=case["ref"][rows], rollout_logprobs=case["rollout"][rows] if cfg.is_cap else None,
+            ref_logprobs=case["ref"][rows], rollout_logprobs=case["rollout"][rows] if use_rollout else None,
             entropy=entropy[rows], config=cfg, normalizer=norm, impl="torch",
         )  # fmt: skip
         losses.append(out.loss)
@@ -107,7 +119,7 @@ def run_verl(cases):
 CASES = dict(matrix())
 GA = {
     f"ga-{name}-dp{dp}": (spec, dp)
-    for name, spec in [(n, s) for n, s in CASES.items() if s["i"] % 37 == 0]
+    for name, spec in [(n, s) for n, s in CASES.items() if s["i"] % 37 == 0 and "rs-" not in n]
     for dp in (1, 2)
 }
 
@@ -182,10 +194,20 @@ def test_verl_default_config(verl_results):
         (dict(loss_agg_mode="seq-mean-token-sum-norm"), None, "loss_scale_factor"),
         (dict(use_kl_loss=True, kl_loss_type="full"), None, "kl_loss_type"),
         ({}, dict(rollout_is="token", rollout_is_batch_normalize=True), "rollout_is_batch_normalize"),
-        ({}, dict(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0"), "rollout_rs"),
+        ({}, dict(rollout_rs="token_k1"), "rollout_rs_threshold"),
         (dict(policy_loss={"loss_mode": "gspo"}, use_kl_loss=True), None, "gspo"),
     ],
 )
 def test_verl_unsupported_raises(actor_fields, corr, named):
     with pytest.raises(ValueError, match=named):
         LossConfig.from_verl(actor_fields, rollout_correction=corr)
+
+
+def test_verl_rejection_cases_reject_some_tokens_but_not_all(verl_results):
+    """The rejection-sampling cases exercise verl's masks (so their parity cases can fail)."""
+    cases, results = verl_results
+    for corr in ("rs-token-k1", "rs-seq-mean-k3", "rs-chain-seq-tis"):
+        names = [n for n in cases if f"-{corr}-" in n]
+        kept = [int(results[n]["mask"].sum()) for n in names]
+        total = [int(cases[n]["mask"].sum()) for n in names]
+        assert any(k < t for k, t in zip(kept, total)) and all(k > 0 for k in kept), (corr, kept, total)
