@@ -20,7 +20,7 @@ setup(
         "triton": ["triton>=3.3"],
         "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib"],
         "bench": ["pytest-benchmark>=4", "matplotlib"],
-        "vllm": ["vllm>=0.8"],
+        "vllm": ["vllm>=0.32"],
         "tensorboard": ["tensorboard"],
     },
     entry_points={"console_scripts": ["fastrl=fastrl.trainer.cli:main"]},
