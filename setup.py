@@ -21,7 +21,7 @@ setup(
         "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib", "trl>=1.16,<1.17"],
         "bench": ["pytest-benchmark>=4", "matplotlib"],
         "data": ["datasets"],
-        "vllm": ["vllm>=0.8"],
+        "vllm": ["vllm>=0.32"],
         "tensorboard": ["tensorboard"],
     },
     entry_points={"console_scripts": ["fastrl=fastrl.trainer.cli:main"]},

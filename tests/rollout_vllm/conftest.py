@@ -7,7 +7,9 @@ can never pass by skipping them.
 import importlib.util
 import os
 
-HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+# A spec without an origin is a namespace package: this very folder, when tests/ is on sys.path.
+_spec = importlib.util.find_spec("vllm")
+HAVE_VLLM = _spec is not None and _spec.origin is not None
 if not HAVE_VLLM and os.environ.get("FASTRL_REQUIRE_VLLM") == "1":
     raise RuntimeError("FASTRL_REQUIRE_VLLM=1 but vllm is not importable in this Python")
 collect_ignore_glob = [] if HAVE_VLLM else ["test_*.py"]

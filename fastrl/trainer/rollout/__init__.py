@@ -24,7 +24,8 @@ __all__ = [
 
 def check_engine_available(name: str) -> None:
     """Fail before a model is built when `name` is "vllm" and vLLM is not importable."""
-    if name == "vllm" and importlib.util.find_spec("vllm") is None:
+    spec = importlib.util.find_spec("vllm") if name == "vllm" else None
+    if name == "vllm" and (spec is None or spec.origin is None):  # no origin: a namespace folder, not vLLM
         raise ImportError("engine='vllm' needs vLLM: pip install 'fastrl[vllm]' (GPU) or see docs/trainer.md (CPU)")
 
 
