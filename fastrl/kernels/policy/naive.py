@@ -56,8 +56,9 @@ def policy_rows_torch(logp, advantages, mask, old, ref, rollout, entropy, params
     binds = ((r < lo) & (adv < 0)) | ((r > hi) & (adv > 0))
     pg_bound = -r.clamp(lo, hi) * adv
     zero = torch.zeros_like(mf)
-    # masked positions (A = 0 there) are frozen too: GSPO gives them the row's r, which may be inf
-    frozen, clip_dual = binds | ~m, zero
+    # masked positions (A = 0 there) are frozen too: GSPO gives them the row's r, which may be inf. So is
+    # any A = 0 token: its term is 0 whatever r is, but r·A with r = exp(89) = inf would be inf·0 = NaN.
+    frozen, clip_dual = binds | ~m | (adv == 0), zero
     if params.dual_clip is not None:
         cap = -params.dual_clip * adv
         dual = (adv < 0) & (torch.where(binds, pg_bound, -r * adv) > cap)
