@@ -6,6 +6,8 @@ no NaN, and the answer is the right one (the same input with finite padding, or 
 never a silently different one. Bad inputs raise an error naming the value.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -13,7 +15,8 @@ import fastrl
 from fastrl.kernels import LogprobParams, token_logprobs_reference
 
 IMPLS = ["torch", "triton"]
-CASES = 12  # per implementation and category; the Triton interpreter is slow
+# cases per implementation and category (the Triton interpreter is slow); FASTRL_FUZZ_CASES=250 for a long run
+CASES = int(os.environ.get("FASTRL_FUZZ_CASES", "12"))
 
 
 def _shape(gen):
@@ -80,19 +83,16 @@ def test_ratio_overflow_with_zero_advantage(impl, seed):
     adv = torch.where(zero, 0.0, adv)
     big = torch.where(zero, logp - 89.0 - 200.0 * torch.rand(B, T, generator=gen), old)  # log ratio >= 89
     mask = torch.ones(B, T)
-    for level in ("token", "sequence"):
-        config = fastrl.LossConfig(ratio_level=level) if level == "token" else None
-        if config is None:
-            continue  # GSPO shares one ratio per row: an overflowing row ratio is a real overflow
-        lp = logp.clone().requires_grad_()
-        out = fastrl.policy_loss(lp, adv, mask, old_logprobs=big, config=config, impl=impl)
-        (g,) = torch.autograd.grad(out.loss, lp)
-        lp2 = logp.clone().requires_grad_()
-        want = fastrl.policy_loss(lp2, adv, mask, old_logprobs=torch.where(zero, logp, old), config=config, impl=impl)
-        (g2,) = torch.autograd.grad(want.loss, lp2)
-        assert bool(torch.isfinite(out.loss)) and bool(torch.isfinite(g).all())
-        torch.testing.assert_close(out.loss, want.loss, rtol=1e-6, atol=1e-7)
-        torch.testing.assert_close(g, g2, rtol=1e-6, atol=1e-7)
+    lp = logp.clone().requires_grad_()
+    out = fastrl.policy_loss(lp, adv, mask, old_logprobs=big, impl=impl)
+    (g,) = torch.autograd.grad(out.loss, lp)
+    # the same batch with those tokens' log ratio at 0: their A = 0 makes them count for nothing either way
+    lp2 = logp.clone().requires_grad_()
+    want = fastrl.policy_loss(lp2, adv, mask, old_logprobs=torch.where(zero, logp, old), impl=impl)
+    (g2,) = torch.autograd.grad(want.loss, lp2)
+    assert bool(torch.isfinite(out.loss)) and bool(torch.isfinite(g).all())
+    torch.testing.assert_close(out.loss, want.loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(g, g2, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
