@@ -61,7 +61,7 @@ def sweep_table(results: list[Result], baseline: str, gpu: bool) -> str:
             "median ms [p20, p80]",
             "× eager",
             "peak extra MiB",
-            "mem ÷ eager",
+            "eager mem ÷ mem",
         ]
         if gpu:
             head += ["TFLOP/s", "% matmul"]
@@ -185,7 +185,10 @@ def plot(results: list[Result], out_dir: str, tag: str) -> list[str]:
     for (op, mode, rest, dtype), by_provider in series.items():
         if max(len(v) for v in by_provider.values()) < 2:
             continue  # one point is a table entry, not a curve
-        fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
+        measured_memory = any(r.extra_mib is not None for rows in by_provider.values() for r in rows)
+        # no memory column (e.g. --quick, or the fwd mode) gets no empty memory panel
+        fig, axes = plt.subplots(1, 2 if measured_memory else 1, figsize=(11 if measured_memory else 6, 4))
+        ax_t, ax_m = (axes[0], axes[1]) if measured_memory else (axes, None)
         for provider, rows in sorted(by_provider.items()):
             rows.sort(key=lambda r: tokens(r.shape))
             ns = [tokens(r.shape) for r in rows]
@@ -195,10 +198,8 @@ def plot(results: list[Result], out_dir: str, tag: str) -> list[str]:
             mem = [(tokens(r.shape), r.extra_mib) for r in rows if r.extra_mib is not None]
             if mem:
                 ax_m.plot(*zip(*mem), marker="o", label=provider, color=color)
-        if not ax_m.lines:
-            ax_m.text(0.5, 0.5, "memory not measured", ha="center", transform=ax_m.transAxes)
         for ax, label in ((ax_t, "median time, ms (band: p20–p80)"), (ax_m, "peak extra memory, MiB")):
-            if not ax.lines:
+            if ax is None or not ax.lines:
                 continue
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")

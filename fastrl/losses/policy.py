@@ -101,6 +101,16 @@ def _check_inputs(logprobs, advantages, mask, old, ref, rollout, entropy, config
     if mask.dtype != torch.bool and mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
         bad = mask[(mask != 0) & (mask != 1)][0].item()
         raise ValueError(f"mask must hold only 0 and 1, found {bad}")
+    if device.type == "cpu" and mask.numel():
+        # A NaN or inf where the mask is 1 is an error on the CPU. On an accelerator this check would sync
+        # with the host, so there such a value propagates into a NaN loss, never a silently different one.
+        live = mask if mask.dtype == torch.bool else mask != 0
+        per_token = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1).expand(shape)
+        for name, t in (("logprobs", logprobs), ("advantages", per_token)) + named:
+            bad = None if t is None else live & ~torch.isfinite(t.detach())
+            if bad is not None and bool(bad.any()):
+                b, i = bad.nonzero()[0].tolist()
+                raise ValueError(f"{name} is {t[b, i].item()} at position [{b}, {i}], where mask is 1")
 
 
 def _count(value, name: str, device) -> torch.Tensor:

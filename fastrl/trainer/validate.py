@@ -114,7 +114,7 @@ def _device(value: str) -> bool:
 def _dataset(value: str) -> bool:
     if value.startswith("arithmetic"):
         head, _, top = value.partition(":")
-        return head == "arithmetic" and top.isdigit() and int(top) >= 1
+        return head == "arithmetic" and (top == "" or top.isdigit() and int(top) >= 1)
     return bool(value.strip())
 
 

@@ -5,7 +5,7 @@ import numbers
 import torch
 
 from ..dispatch import resolve_impl, token_logprobs_impl
-from .params import LogprobParams
+from .params import MIN_TEMPERATURE, LogprobParams
 
 __all__ = ["token_logprobs"]
 
@@ -19,6 +19,8 @@ def _check_inputs(hidden, weight, targets, bias, temperature) -> None:
         raise TypeError(f"hidden must be a floating tensor, got dtype {hidden.dtype}")
     if weight.dim() != 2:
         raise ValueError(f"weight must be [V, D], got shape {tuple(weight.shape)}")
+    if weight.shape[0] == 0:
+        raise ValueError(f"weight must hold at least one token (V >= 1), got shape {tuple(weight.shape)}")
     if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
         raise ValueError(
             f"hidden's last dim must equal weight's D: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}"
@@ -50,8 +52,11 @@ def _check_inputs(hidden, weight, targets, bias, temperature) -> None:
             )
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature must be a float, got {type(temperature).__name__}")
-    if not temperature > 0 or temperature == float("inf"):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    if not MIN_TEMPERATURE <= temperature < float("inf"):
+        raise ValueError(
+            f"temperature must be a finite number >= {MIN_TEMPERATURE} (smaller ones overflow float32 logits), "
+            f"got {temperature}"
+        )
 
 
 def _check_targets_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
@@ -82,7 +87,7 @@ def token_logprobs(
         weight: `[V, D]` LM-head weight, same dtype and device as hidden.
         targets: `[...]` integer token ids (hidden's leading shape); `ignore_index` rows give 0.
         bias: optional `[V]` LM-head bias.
-        temperature: logits are divided by it; must be > 0.
+        temperature: logits are divided by it; must be >= 1e-6 (`MIN_TEMPERATURE`).
         ignore_index: target value whose rows get logp = entropy = 0 and no gradient.
         return_entropy: also return the softmax entropy per token (differentiable).
         impl: "auto" (Triton on CUDA, chunked PyTorch elsewhere), "triton" or "torch".
@@ -97,8 +102,8 @@ def token_logprobs(
 
     Both implementations compute in the inputs' dtype whatever torch.autocast says: under autocast,
     cast the LM body's output and the head weight to one dtype first. Differentiable once (a second
-    derivative raises). With impl="torch" an ignored row's hidden state may be inf/NaN (padding); with
-    impl="triton" it must be finite, since the d_weight GEMM runs over every row (as eager does).
+    derivative raises). An ignored row's hidden state may be inf/NaN (padding) on both paths: it never
+    reaches an output or a gradient.
     """
     if process_group is not None:
         from .vocab_parallel import resolve_shard

@@ -97,7 +97,8 @@ def logprob_dz_kernel(
         # z − Σ_u p z = log p + H
         b_h = tl.load(entropy + o_n, mask=m_n, other=0.0)
         b_e = tl.load(grad_entropy + o_n, mask=m_r, other=0.0)
-        b_dz -= b_e[:, None] * b_p * (b_z - b_lse[:, None] + b_h[:, None])
+        # p = 0 (a −inf bias): no entropy gradient, not 0·(−inf) = NaN
+        b_dz -= tl.where(b_p > 0.0, b_e[:, None] * b_p * (b_z - b_lse[:, None] + b_h[:, None]), 0.0)
     b_dz = tl.where(m_r[:, None] & m_c[None, :], b_dz * inv_temperature, 0.0)
 
     p_dz = dz + o_n[:, None] * stride_dzn + o_c[None, :]
@@ -167,6 +168,11 @@ def logprob_backward(
     d_weight = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if needs[1] else None
     d_bias = torch.empty(v, dtype=torch.float32, device=dev) if needs[2] else None
     d_hidden = None
+    h_gemm = hidden
+    if d_weight is not None:
+        # An ignored row's dz is 0, but it may be padding whose hidden state is inf/NaN, and 0·NaN in the
+        # d_weight GEMM would poison every row of d_weight: zero those rows (an [N, D] copy, no sync).
+        h_gemm = torch.where((targets != params.ignore_index).unsqueeze(-1), hidden, 0.0)
     for v_lo in range(0, v, chunk_cols):
         cols = min(chunk_cols, v - v_lo)
 
@@ -183,7 +189,7 @@ def logprob_backward(
         slab = dz[:, :cols]
         w_chunk = weight[v_lo : v_lo + cols]
         if d_weight is not None:
-            torch.mm(slab.t(), hidden, out=d_weight[v_lo : v_lo + cols])
+            torch.mm(slab.t(), h_gemm, out=d_weight[v_lo : v_lo + cols])
         if d_bias is not None:
             d_bias[v_lo : v_lo + cols] = slab.sum(0, dtype=torch.float32)
         if needs[0]:

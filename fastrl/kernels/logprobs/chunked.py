@@ -1,8 +1,10 @@
 """Chunked pure-PyTorch token log-probs: the same memory bound as the kernels, on any device.
 
 Forward walks the tokens in chunks, builds one `[C, V]` logit tile at a time and keeps only the
-O(N) statistics (lse, logp, entropy). Backward walks the vocabulary in `[N, V_chunk]` tiles,
-recomputed from hidden, weight and the saved lse, and forms d_weight, d_bias and (accumulated in
+O(N) statistics (logp, entropy, and each row's logsumexp as its max and log Σ exp(z − max), kept apart:
+log p = (z − max) − log Σ is then exact to the precision of log p, not to an ulp of a large logit, which the
+entropy gradient at small H needs). Backward walks the vocabulary in `[N, V_chunk]` tiles, recomputed from
+hidden, weight and those two statistics, and forms d_weight, d_bias and (accumulated in
 float32) d_hidden. Tiles stay near `FASTRL_CHUNK_BYTES` (default 32 MiB). The math is docs/math.md §1;
 the autograd Function that runs these two passes is in function.py.
 """
@@ -34,7 +36,14 @@ def no_autocast(hidden):
 def _live_rows(hidden, valid, sl):
     # Ignored rows are often padding whose hidden state may be inf/NaN: zero them (a [C, D] copy, small
     # next to the [C, V] tile) so no 0·NaN reaches the gradients, d_weight included.
+    # It is also a contiguous copy whatever the input's layout, so forward and backward take the same
+    # matmul and their tiles agree (a strided view once gave a backward tile off by an ulp of the logits).
     return torch.where(valid[sl].unsqueeze(-1), hidden[sl], 0.0)
+
+
+def _finite_log_p(z):
+    # log p = −inf (a −inf bias bans the token) has p = 0: p·log p is 0, but 0·(−inf) is NaN
+    return z.clamp_(min=torch.finfo(z.dtype).min)
 
 
 def _tile(hidden, weight, bias, temperature):
@@ -45,22 +54,27 @@ def _tile(hidden, weight, bias, temperature):
 
 
 def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
-    """`[N, D]`, `[V, D]`, `[N]`, `[V]`|None → (logp `[N]`, entropy `[N]`|None, lse `[N]`), float32."""
+    """`[N, D]`, `[V, D]`, `[N]`, `[V]`|None → (logp `[N]`, entropy `[N]`|None, lse `[2, N]`), float32.
+
+    lse[0] is each row's max logit, lse[1] its log Σ exp(z − max); their sum is the logsumexp.
+    """
     n = hidden.shape[0]
     valid = targets != params.ignore_index
     safe = torch.where(valid, targets, torch.zeros_like(targets))
     logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    lse = torch.empty(2, n, dtype=torch.float32, device=hidden.device)
     entropy = torch.empty(n, dtype=torch.float32, device=hidden.device) if params.return_entropy else None
     rows = chunk_rows(weight.shape[0])
     for start in range(0, n, rows):
         sl = slice(start, min(n, start + rows))
         z = _tile(_live_rows(hidden, valid, sl), weight, bias, params.temperature)
-        c_lse = torch.logsumexp(z, dim=-1)
-        lse[sl] = c_lse
-        logp[sl] = z.gather(-1, safe[sl].unsqueeze(-1)).squeeze(-1) - c_lse
+        c_max = z.amax(-1, keepdim=True)
+        z.sub_(c_max)  # z − max: exact where it matters, at the largest logits
+        c_log_sum = z.exp().sum(-1, keepdim=True).log_()
+        lse[0, sl], lse[1, sl] = c_max.squeeze(-1), c_log_sum.squeeze(-1)
+        logp[sl] = z.gather(-1, safe[sl].unsqueeze(-1)).squeeze(-1) - lse[1, sl]
         if entropy is not None:
-            z.sub_(c_lse.unsqueeze(-1))  # z is now log p
+            _finite_log_p(z.sub_(c_log_sum))  # z is now log p
             entropy[sl] = -z.exp().mul_(z).sum(-1)
     zero = torch.zeros((), dtype=torch.float32, device=hidden.device)
     logp = torch.where(valid, logp, zero)
@@ -85,7 +99,7 @@ def chunked_backward(hidden, weight, targets, bias, lse, entropy, grad_logp, gra
     safe = torch.where(valid, targets, torch.zeros_like(targets))
     g = torch.where(valid, grad_logp.float(), 0.0) if grad_logp is not None else None
     e = torch.where(valid, grad_entropy.float(), 0.0) if grad_entropy is not None else None
-    h = _live_rows(hidden, valid, slice(None)) if not bool(valid.all()) else hidden
+    h = _live_rows(hidden, valid, slice(None))  # the forward's tile input, bit for bit
     h32 = h.float() if needs[1] else None
     d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if needs[0] else None
     d_weight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if needs[1] else None
@@ -96,10 +110,11 @@ def chunked_backward(hidden, weight, targets, bias, lse, entropy, grad_logp, gra
     cols = chunk_cols(n)
     for start in range(0, v, cols):
         sl = slice(start, min(v, start + cols))
-        z = _tile(h, weight[sl], None if bias is None else bias[sl], tau).sub_(lse.unsqueeze(-1))  # log p
+        z = _tile(h, weight[sl], None if bias is None else bias[sl], tau)
+        z.sub_(lse[0].unsqueeze(-1)).sub_(lse[1].unsqueeze(-1))  # log p, in the forward's order
         if e is not None:
             # z − Σ_u p z = log p + H; the entropy term is −e·p·(log p + H)
-            p = z.exp()
+            p = _finite_log_p(z).exp()
             dz = z.add_(entropy.unsqueeze(-1)).mul_(p).mul_(-e.unsqueeze(-1))
             if g is not None:
                 dz.addcmul_(p, g.unsqueeze(-1), value=-1.0)

@@ -6,8 +6,8 @@ are imported on the first Triton call: triton is optional, and the chunked path 
 """
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from ..autograd import differentiable_once
 from .chunked import chunked_backward, chunked_forward, no_autocast
 from .params import LogprobParams
 
@@ -28,7 +28,7 @@ class ChunkedLogprobFunction(torch.autograd.Function):
         return logp if entropy is None else (logp, entropy)
 
     @staticmethod
-    @once_differentiable  # the backward is hand-written: a second derivative must raise, not be wrong
+    @differentiable_once  # the backward is hand-written: a second derivative must raise, not be wrong
     def backward(ctx, grad_logp, *grad_rest):
         hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
         grad_entropy = grad_rest[0] if grad_rest else None
@@ -62,7 +62,7 @@ class TritonLogprobFunction(torch.autograd.Function):
         return logp if entropy is None else (logp, entropy)
 
     @staticmethod
-    @once_differentiable  # the backward is hand-written: a second derivative must raise, not be wrong
+    @differentiable_once  # the backward is hand-written: a second derivative must raise, not be wrong
     def backward(ctx, grad_logp, *grad_rest):
         from .bwd import logprob_backward
 

@@ -132,7 +132,7 @@ def logprob_fwd_kernel(
         b_zc = b_z - b_mn[:, None]
         b_p = tl.exp(b_zc)  # [BN, BV]
         if HAS_ENTROPY:
-            b_t = b_alpha * (b_t + (b_m - b_mn) * b_s) + tl.sum(b_p * b_zc, axis=1)
+            b_t = b_alpha * (b_t + (b_m - b_mn) * b_s) + tl.sum(tl.where(b_p > 0.0, b_p * b_zc, 0.0), axis=1)
         b_s = b_alpha * b_s + tl.sum(b_p, axis=1)
         b_m = b_mn
 

@@ -2,7 +2,11 @@
 
 from dataclasses import dataclass
 
-__all__ = ["LogprobParams"]
+__all__ = ["MIN_TEMPERATURE", "LogprobParams"]
+
+# The logits are divided by the temperature in float32: far below 1e-6 even modest logits overflow to inf
+# (and inf − inf is NaN), and below ~3e-39 1/temperature itself is not a float32.
+MIN_TEMPERATURE = 1e-6
 
 
 @dataclass(frozen=True)

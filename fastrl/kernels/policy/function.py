@@ -1,8 +1,8 @@
 """The autograd Function of the fused policy loss: tensors plus one frozen `PolicyLossParams`."""
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from ..autograd import differentiable_once
 from .bwd import policy_bwd
 from .fwd import policy_fwd
 from .params import PolicyLossParams
@@ -21,7 +21,7 @@ class PolicyRowsFunction(torch.autograd.Function):
         return row_loss, stats
 
     @staticmethod
-    @once_differentiable  # the backward is hand-written: a second derivative must raise, not be wrong
+    @differentiable_once  # the backward is hand-written: a second derivative must raise, not be wrong
     def backward(ctx, grad_row, _grad_stats):
         logp, entropy, advantages, mask, old, ref, weight, seq_log_ratio = ctx.saved_tensors
         d_logp, d_entropy = policy_bwd(

@@ -60,8 +60,9 @@ def _clip_pg(r, log_r, adv, m, params):
     # gets exactly 0, not 0·inf = NaN, as in the kernel.
     binds = ((r < lo) & (adv < 0)) | ((r > hi) & (adv > 0))
     pg_bound = -r.clamp(lo, hi) * adv
-    # masked positions (A = 0 there) are frozen too: GSPO gives them the row's r, which may be inf
-    frozen, dual = binds | ~m, torch.zeros_like(m)
+    # masked positions (A = 0 there) are frozen too: GSPO gives them the row's r, which may be inf. So is
+    # any A = 0 token: its term is 0 whatever r is, but r·A with r = exp(89) = inf would be inf·0 = NaN.
+    frozen, dual = binds | ~m | (adv == 0), torch.zeros_like(m)
     if params.dual_clip is not None:
         cap = -params.dual_clip * adv
         dual = (adv < 0) & (torch.where(binds, pg_bound, -r * adv) > cap)
