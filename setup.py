@@ -19,7 +19,7 @@ setup(
     extras_require={
         "triton": ["triton>=3.3"],
         "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib"],
-        "bench": ["pytest-benchmark>=4", "matplotlib"],
+        "bench": ["pytest-benchmark>=4", "matplotlib", "trl>=1.16", "liger-kernel>=0.8", "cut-cross-entropy>=25.1"],
         "vllm": ["vllm>=0.8"],
         "tensorboard": ["tensorboard"],
     },
