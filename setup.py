@@ -19,7 +19,14 @@ setup(
     extras_require={
         "triton": ["triton>=3.3"],
         "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib", "trl>=1.16,<1.17"],
-        "bench": ["pytest-benchmark>=4", "matplotlib"],
+        "bench": [
+            "pytest-benchmark>=4",
+            "matplotlib",
+            "trl>=1.16,<1.17",
+            "liger-kernel>=0.8",
+            "cut-cross-entropy>=25.1",
+            "math-verify==0.9.0",
+        ],
         "data": ["datasets"],
         "vllm": ["vllm>=0.32"],
         "tensorboard": ["tensorboard"],

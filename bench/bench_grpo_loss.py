@@ -2,9 +2,11 @@
 
 The eager baseline is what RL trainers do today: full `[B·T, V]` logits through the package's
 reference (`fastrl.kernels.token_logprobs_reference`), then the same per-token policy loss
-(`fastrl.policy_loss`, torch path). Settings are TRL-like: `loss_agg="grpo"`, β = 0.04 with reference
-log-probs, off-policy old log-probs near the current ones so some tokens clip. FLOPs: 8·B·T·D·V for
-fwd+bwd, the log-prob floor (the loss math itself is O(B·T)).
+(`fastrl.policy_loss`, torch path). Settings are TRL-like: `loss_agg="token-mean"` (TRL's "bnpo"),
+β = 0.04 with reference log-probs, off-policy old log-probs near the current ones so some tokens clip;
+completion lengths uniform in [T/2, T], so about 3/4 of the positions are live. FLOPs: 8·B·T·D·V for
+fwd+bwd (forward + recomputing backward); fastrl's gradient-in-forward path does 6·(live tokens)·D·V,
+which `blas-floor` (three GEMMs over all B·T positions) bounds from the other side.
 """
 
 import torch
@@ -15,12 +17,13 @@ from fastrl.kernels import LogprobParams, token_logprobs_reference
 
 LOGIT_STD = 2.0
 REF_CHUNK = 4096  # rows per eager call when building the inputs' old / ref log-probs
-CONFIG = LossConfig(loss_agg="grpo", beta=0.04)
+CONFIG = LossConfig(loss_agg="token-mean", beta=0.04)
 
 CPU_QUICK = [dict(B=2, T=t, D=128, V=32768) for t in (256, 512)]
 CPU_FULL = [dict(B=8, T=t, D=512, V=32768) for t in (128, 256, 512)]
 # the headline CPU point (--acceptance): fp32 fwd+bwd; target extra memory ≥ 10× below eager's
 ACCEPTANCE = dict(B=8, T=1024, D=512, V=32768)
+ACCEPTANCE_PROVIDERS = ["eager", "fastrl-torch", "fastrl-recompute", "trl", "liger", "blas-floor"]
 GPU_SWEEP = [
     dict(B=8, T=1024, D=4096, V=151936),
     dict(B=16, T=1024, D=4096, V=151936),
@@ -39,7 +42,7 @@ class GrpoLossOp:
     def plan(self, device: torch.device, quick: bool, acceptance: bool) -> list[tuple[dict, str, list, list]]:
         names = list(self.providers)
         if acceptance:
-            return [(ACCEPTANCE, "fp32", ["eager", "fastrl-torch"], ["fwd+bwd"])]
+            return [(ACCEPTANCE, "fp32", ACCEPTANCE_PROVIDERS, ["fwd+bwd"])]
         if device.type == "cuda":
             no_compile = [p for p in names if p != "compile"]
             return [(s, "bf16", names if s in GPU_COMPILE_SHAPES else no_compile, ["fwd+bwd"]) for s in GPU_SWEEP]

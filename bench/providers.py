@@ -1,9 +1,11 @@
 """Who gets benchmarked: eager PyTorch, torch.compile of it, fastrl's two paths, and third parties.
 
 A provider is a name, a function with the op's signature, and a test that says why it cannot run on a
-device (None when it can). Third-party providers (Cut Cross-Entropy, Liger-Kernel) appear only when
-their package imports; nothing is installed for them. Baselines come from the package's own eager
-references (`fastrl.kernels.token_logprobs_reference`), never re-implemented here.
+device (None when it can). The peers (TRL, Liger-Kernel, Cut Cross-Entropy; bench/peers.py) run their own
+installed code and are reported n/a, with the reason, when their package is missing (`pip install
+fastrl[bench]` installs them). Baselines come from the package's own eager references
+(`fastrl.kernels.token_logprobs_reference`), never re-implemented here. `blas-floor` is no
+implementation: it times the three GEMMs of the shape (6·N·D·V) and skips the correctness check.
 """
 
 import importlib.util
@@ -14,6 +16,7 @@ from typing import Callable
 import torch
 
 import fastrl
+from bench.peers import cce_token_logprobs, liger_grpo_loss, trl_grpo_loss, trl_token_logprobs
 from fastrl.kernels import LogprobParams, token_logprobs_reference
 
 
@@ -23,6 +26,7 @@ class Provider:
     fn: Callable
     unavailable: Callable[[torch.device], str | None]  # the reason it cannot run there, or None
     compiles: bool = False  # the first call compiles: warm up at the full shape before measuring memory
+    floor: bool = False  # a lower bound to time (no correct outputs): not checked against the reference
 
 
 def always(device: torch.device) -> str | None:
@@ -83,11 +87,25 @@ def fastrl_triton_token_logprobs(hidden, weight, targets):
     return fastrl.token_logprobs(hidden, weight, targets, impl="triton")
 
 
-def cce_token_logprobs(hidden, weight, targets):
-    from cut_cross_entropy import linear_cross_entropy
+class _GemmFloor(torch.autograd.Function):
+    """The three GEMMs of a fused LM-head op and nothing else: z = h·Wᵀ, then z·W and zᵀ·h."""
 
-    # per-token cross-entropy is −logp; ignored rows give 0 either way
-    return -linear_cross_entropy(hidden, weight, targets, reduction="none").float()
+    @staticmethod
+    def forward(ctx, hidden, weight):
+        h2 = hidden.reshape(-1, hidden.shape[-1])
+        z = h2 @ weight.T
+        ctx.save_for_backward(h2, weight, z)
+        ctx.hidden_shape = hidden.shape
+        return z.new_zeros(h2.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        h2, weight, z = ctx.saved_tensors
+        return (z @ weight).reshape(ctx.hidden_shape), z.T @ h2
+
+
+def floor_token_logprobs(hidden, weight, targets):
+    return _GemmFloor.apply(hidden, weight)
 
 
 TOKEN_LOGPROBS_PROVIDERS = {
@@ -95,7 +113,9 @@ TOKEN_LOGPROBS_PROVIDERS = {
     "compile": Provider("compile", compile_failure(eager_token_logprobs), always, compiles=True),
     "fastrl-torch": Provider("fastrl-torch", fastrl_torch_token_logprobs, always),
     "fastrl-triton": Provider("fastrl-triton", fastrl_triton_token_logprobs, triton_unavailable, compiles=True),
-    "cce": Provider("cce", cce_token_logprobs, package_unavailable("cut_cross_entropy", cuda_only=True), True),
+    "cce": Provider("cce", cce_token_logprobs, package_unavailable("cut_cross_entropy", cuda_only=False), True),
+    "trl": Provider("trl", trl_token_logprobs, package_unavailable("trl", cuda_only=False)),
+    "blas-floor": Provider("blas-floor", floor_token_logprobs, always, floor=True),
 }
 
 
@@ -132,25 +152,21 @@ def fastrl_grpo_loss(impl: str) -> Callable:
     return fn
 
 
-_LIGER_LOSS_TYPES = {"seq-mean-token-mean": "grpo", "token-mean": "bnpo"}
-
-
-def liger_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
-    from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
-
-    if config.loss_agg not in _LIGER_LOSS_TYPES or config.kl != "k3" or config.entropy_coef != 0:
-        raise ValueError(f"Liger has no equivalent of {config}")
-    loss_fn = LigerFusedLinearGRPOLoss(
-        beta=config.beta,
-        compiled=hidden.is_cuda,
-        use_ref_model=ref is not None,
-        epsilon_low=config.eps_low,
-        epsilon_high=config.eps_high,
-        loss_type=_LIGER_LOSS_TYPES[config.loss_agg],
-        temperature=config.temperature,
+def fastrl_recompute_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
+    """fastrl's two-pass path: token_logprobs (its backward recomputes the tiles), then policy_loss."""
+    need_entropy = config.entropy_coef != 0
+    live = torch.where(mask, targets, torch.full_like(targets, -100))
+    out = fastrl.token_logprobs(
+        hidden, weight, live, temperature=config.temperature, return_entropy=need_entropy, impl="torch"
     )
-    out = loss_fn(hidden, weight, targets, mask.long(), advantages, ref_per_token_logps=ref, old_per_token_logps=old)
-    return out[0] if isinstance(out, tuple) else out
+    logp, entropy = out if need_entropy else (out, None)
+    return fastrl.policy_loss(
+        logp, advantages, mask, old_logprobs=old, ref_logprobs=ref, entropy=entropy, config=config, impl="torch"
+    ).loss
+
+
+def floor_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
+    return _GemmFloor.apply(hidden, weight).sum()
 
 
 GRPO_LOSS_PROVIDERS = {
@@ -158,5 +174,8 @@ GRPO_LOSS_PROVIDERS = {
     "compile": Provider("compile", compile_failure(eager_grpo_loss), always, compiles=True),
     "fastrl-torch": Provider("fastrl-torch", fastrl_grpo_loss("torch"), always),
     "fastrl-triton": Provider("fastrl-triton", fastrl_grpo_loss("triton"), triton_unavailable, compiles=True),
+    "fastrl-recompute": Provider("fastrl-recompute", fastrl_recompute_grpo_loss, always),
+    "trl": Provider("trl", trl_grpo_loss, package_unavailable("trl", cuda_only=False)),
     "liger": Provider("liger", liger_grpo_loss, package_unavailable("liger_kernel", cuda_only=False), True),
+    "blas-floor": Provider("blas-floor", floor_grpo_loss, always, floor=True),
 }

@@ -160,6 +160,32 @@ def acceptance_table(results: list[Result], baseline: str, candidate: str, targe
     return "\n".join(out)
 
 
+def targets_table(results: list[Result], checks: list[tuple]) -> str:
+    """One row per check `(op, candidate, reference, quantity, bound)`: quantity "time" passes when the
+    candidate's median is ≤ bound × the reference's, "memory" when its extra memory is ≤ bound × the
+    reference's. A check whose rows were not measured says so instead of passing."""
+    out = ["\n**targets**\n", "| op | shape | candidate | vs | quantity | ratio | target | verdict |", "|" + "---|" * 8]
+    for op, candidate, reference, quantity, bound in checks:
+        for r in results:
+            if r.op != op or r.provider != candidate:
+                continue
+            b = _baseline(results, r, reference)
+            cells = [op, shape_str(r.shape), candidate, reference, quantity]
+            if quantity == "time":
+                have = r.measured and b is not None and r.median_ms and b.median_ms
+                ratio = r.median_ms / b.median_ms if have else None
+            else:
+                have = r.measured and b is not None and r.extra_mib is not None and b.extra_mib
+                ratio = r.extra_mib / b.extra_mib if have else None
+            if ratio is None:
+                why = f"{candidate} {r.status}, {reference} {b.status if b else 'missing'}"
+                out.append("| " + " | ".join(cells + ["—", f"≤ {bound:g}×", f"not measured ({why})"]) + " |")
+                continue
+            verdict = "PASS" if ratio <= bound else "FAIL"
+            out.append("| " + " | ".join(cells + [f"{ratio:.3f}×", f"≤ {bound:g}×", verdict]) + " |")
+    return "\n".join(out)
+
+
 def write_json(path: str, env: dict, results: list[Result]) -> None:
     with open(path, "w") as f:
         json.dump({"environment": env, "results": [r.to_json() for r in results]}, f, indent=1)

@@ -70,13 +70,13 @@ def fused_logprob_grads(
     _check_targets_range(targets, weight.shape[0], int(ignore_index))
     lead = targets.shape
     flat = torch.where(targets == ignore_index, -1, targets).reshape(-1)
-    inv_tau = (1.0 / temperature.float()).reshape(-1) if per_token else 1.0 / float(temperature)
+    tau = temperature.float().reshape(-1) if per_token else float(temperature)
     needs = tuple(t is not None and t.requires_grad for t in (hidden, weight, bias))
     params = FusedLossParams(impl=impl, entropy=bool(entropy), needs=needs)
     with torch.no_grad(), no_autocast(hidden):
         h2 = hidden.detach().reshape(flat.numel(), hidden.shape[-1])
         b = None if bias is None else bias.detach()
-        logp, ent, grads = fused_forward(h2, weight.detach(), b, flat, inv_tau, token_grad, params)
+        logp, ent, grads = fused_forward(h2, weight.detach(), b, flat, tau, token_grad, params)
     d_hidden = None if grads[0] is None else grads[0].reshape(hidden.shape)
     return logp.reshape(lead), None if ent is None else ent.reshape(lead), (d_hidden, grads[1], grads[2])
 

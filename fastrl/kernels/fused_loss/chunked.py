@@ -52,20 +52,21 @@ def _acc_fp32(acc, a, b):
         acc.addmm_(a.float(), b.float())
 
 
-def _scale_rows(x, inv_tau):
-    if isinstance(inv_tau, torch.Tensor):
-        x.mul_(inv_tau.unsqueeze(-1))
-    elif inv_tau != 1.0:
-        x.mul_(inv_tau)
+def _scale_rows(x, tau):
+    # a division, as eager's z / τ: a multiply by a rounded 1/τ is off by an ulp of z / τ, which p = exp(·) magnifies
+    if isinstance(tau, torch.Tensor):
+        x.div_(tau.unsqueeze(-1))
+    elif tau != 1.0:
+        x.div_(tau)
 
 
 class _TorchFold:
     """The fold and ∂z of one tile as torch ops; z holds the scaled logits minus their row max after fold."""
 
-    def __init__(self, z, targets, inv_tau, entropy: bool):
-        _scale_rows(z, inv_tau)
+    def __init__(self, z, targets, tau, entropy: bool):
+        _scale_rows(z, tau)
         z.sub_(z.amax(-1, keepdim=True))
-        self.z, self.targets, self.inv_tau = z, targets.unsqueeze(-1), inv_tau
+        self.z, self.targets, self.tau = z, targets.unsqueeze(-1), tau
         target_z = z.gather(-1, self.targets).squeeze(-1)
         # e = exp(z − max): a second buffer only when the entropy needs z − max as well
         self.e = torch.exp(z) if entropy else z.exp_()
@@ -87,33 +88,33 @@ class _TorchFold:
             dz = self.e.mul_((-g / self.s).unsqueeze(-1))
         self.e = None
         dz.scatter_add_(-1, self.targets, g.unsqueeze(-1))
-        _scale_rows(dz, self.inv_tau)
+        _scale_rows(dz, self.tau)
         return dz
 
 
 class _TritonFold:
     """The same fold and ∂z as two Triton kernels, each reading the tile once."""
 
-    def __init__(self, z, targets, inv_tau, entropy: bool):
+    def __init__(self, z, targets, tau, entropy: bool):
         from .epilogue import fold_stats
 
-        self.z, self.targets, self.inv_tau = z, targets, inv_tau
-        self.lse, self.logp, self.entropy = fold_stats(z, targets, inv_tau, entropy)
+        self.z, self.targets, self.tau = z, targets, tau
+        self.row_max, self.log_sum, self.logp, self.entropy = fold_stats(z, targets, tau, entropy)
 
     def dz(self, g, g_entropy, out):
         from .epilogue import fold_dz
 
-        fold_dz(self.z, out, self.targets, self.inv_tau, self.lse, self.entropy, g, g_entropy)
+        fold_dz(self.z, out, self.targets, self.tau, self.row_max, self.log_sum, self.entropy, g, g_entropy)
         return out
 
 
-def fused_forward(hidden, weight, bias, targets, inv_tau, token_grad, params: FusedLossParams):
+def fused_forward(hidden, weight, bias, targets, tau, token_grad, params: FusedLossParams):
     """Per-token logp / entropy of the live tokens and the gradients of Σ ℓ w.r.t. hidden, weight, bias.
 
     Args:
         hidden: `[N, D]`; weight: `[V, D]`; bias: `[V]` or None; targets: `[N]` int64, < 0 = not live
             (left out: its hidden row is never read, its logp, entropy and d_hidden are 0).
-        inv_tau: 1 / temperature, a float or a `[N]` float32 tensor.
+        tau: the temperature, a float or a `[N]` float32 tensor.
         token_grad: `(rows [C], logp [C], entropy [C] | None) → (∂L/∂logp [C], ∂L/∂H [C] | None)`.
         params: impl, whether the entropy is computed and whether the loss depends on it, `needs`.
 
@@ -146,8 +147,8 @@ def fused_forward(hidden, weight, bias, targets, inv_tau, token_grad, params: Fu
         _mm_out_fp32(h, w_t, z)
         if bias is not None:
             z.add_(bias)
-        tau = inv_tau if not isinstance(inv_tau, torch.Tensor) else inv_tau.index_select(0, idx)
-        fold = fold_cls(z, targets.index_select(0, idx), tau, params.entropy)
+        tau_c = tau.index_select(0, idx) if isinstance(tau, torch.Tensor) else tau
+        fold = fold_cls(z, targets.index_select(0, idx), tau_c, params.entropy)
         logp.index_copy_(0, idx, fold.logp)
         if entropy is not None:
             entropy.index_copy_(0, idx, fold.entropy)

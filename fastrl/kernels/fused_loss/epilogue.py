@@ -1,8 +1,8 @@
 """The Triton epilogue of the gradient-in-forward loss: fold a `[C, V]` logit tile, then form ∂z in it.
 
 The GEMMs that make and consume the tile are cuBLAS (torch); these two kernels are memory-bound and read
-the tile once each: `fold_stats_kernel` per row (online max / Σexp / Σexp·z → lse, logp, entropy) and
-`fold_dz_kernel` per `[1, BLOCK_V]` block (∂ℓ/∂z from the row's lse, entropy and upstream g, g_H).
+the tile once each: `fold_stats_kernel` per row (online max / Σexp / Σexp·z → logp, entropy) and
+`fold_dz_kernel` per `[1, BLOCK_V]` block (∂ℓ/∂z from the row's max, log Σ, entropy and upstream g, g_H).
 """
 
 import torch
@@ -18,48 +18,56 @@ __all__ = ["fold_dz", "fold_dz_kernel", "fold_stats", "fold_stats_kernel"]
 def fold_stats_kernel(
     z,
     targets,
-    inv_tau,
-    lse,
+    tau,
+    row_max,
+    log_sum,
     logp,
     entropy,
     V,
     stride_zn,
-    inv_tau_scalar,
+    tau_scalar,
     PER_ROW_TAU: tl.constexpr,
     HAS_ENTROPY: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
+    # Every statistic is kept relative to the running max, never as lse or Σ p·z themselves: at
+    # |z| ~ 100 those carry an absolute fp32 error of ~1e-5, which p = exp(z − lse) would turn into
+    # a relative error of the gradient.
     i_n = tl.program_id(0).to(tl.int64)
     p_z = z + i_n * stride_zn
     if PER_ROW_TAU:
-        b_inv = tl.load(inv_tau + i_n)
+        b_tau = tl.load(tau + i_n)
     else:
-        b_inv = inv_tau_scalar
+        b_tau = tau_scalar
     b_m = tl.full([BLOCK_V], float("-inf"), tl.float32)
-    b_s = tl.zeros([BLOCK_V], tl.float32)
-    b_xs = tl.zeros([BLOCK_V], tl.float32)
+    b_s = tl.zeros([BLOCK_V], tl.float32)  # Σ exp(z − m)
+    b_xs = tl.zeros([BLOCK_V], tl.float32)  # Σ exp(z − m)·(z − m)
     for i_v in range(0, tl.cdiv(V, BLOCK_V)):
         o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
         m_v = o_v < V
-        b_z = tl.load(p_z + o_v, mask=m_v, other=0.0).to(tl.float32) * b_inv  # [BV]
+        b_z = tl.load(p_z + o_v, mask=m_v, other=0.0).to(tl.float32) / b_tau  # [BV]
         b_new = tl.where(m_v, tl.maximum(b_m, b_z), b_m)
         b_ref = tl.where(b_new == float("-inf"), 0.0, b_new)
-        b_scale = tl.exp(b_m - b_ref)
+        b_shift = tl.where(b_s > 0, b_m - b_ref, 0.0)
+        b_scale = tl.exp(b_shift)
         b_e = tl.where(m_v, tl.exp(b_z - b_ref), 0.0)
-        b_s = b_s * b_scale + b_e
         if HAS_ENTROPY:
-            b_xs = b_xs * b_scale + b_e * b_z
+            b_xs = (b_xs + b_s * b_shift) * b_scale + tl.where(m_v, b_e * (b_z - b_ref), 0.0)
+        b_s = b_s * b_scale + b_e
         b_m = b_new
     b_row_m = tl.max(b_m, axis=0)
-    b_w = tl.where(b_m == float("-inf"), 0.0, tl.exp(b_m - b_row_m))
+    b_shift = tl.where(b_s > 0, b_m - b_row_m, 0.0)
+    b_w = tl.where(b_s > 0, tl.exp(b_shift), 0.0)
     b_total = tl.sum(b_s * b_w, axis=0)
-    b_lse = b_row_m + tl.log(b_total)
+    b_log_s = tl.log(b_total)
     b_t = tl.load(targets + i_n)
-    b_tz = tl.load(p_z + tl.maximum(b_t, 0)).to(tl.float32) * b_inv
-    tl.store(lse + i_n, b_lse)
-    tl.store(logp + i_n, b_tz - b_lse)
+    b_tz = tl.load(p_z + tl.maximum(b_t, 0)).to(tl.float32) / b_tau
+    tl.store(row_max + i_n, b_row_m)
+    tl.store(log_sum + i_n, b_log_s)
+    tl.store(logp + i_n, (b_tz - b_row_m) - b_log_s)
     if HAS_ENTROPY:
-        tl.store(entropy + i_n, b_lse - tl.sum(b_xs * b_w, axis=0) / b_total)
+        b_xs_row = tl.sum(b_w * (b_xs + b_s * b_shift), axis=0)
+        tl.store(entropy + i_n, b_log_s - b_xs_row / b_total)
 
 
 @triton.jit
@@ -67,15 +75,16 @@ def fold_dz_kernel(
     z,
     dz,
     targets,
-    inv_tau,
-    lse,
+    tau,
+    row_max,
+    log_sum,
     entropy,
     g,
     g_entropy,
     V,
     stride_zn,
     stride_dzn,
-    inv_tau_scalar,
+    tau_scalar,
     PER_ROW_TAU: tl.constexpr,
     HAS_ENTROPY_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -84,39 +93,42 @@ def fold_dz_kernel(
     o_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     m_v = o_v < V
     if PER_ROW_TAU:
-        b_inv = tl.load(inv_tau + i_n)
+        b_tau = tl.load(tau + i_n)
     else:
-        b_inv = inv_tau_scalar
-    b_logp = tl.load(z + i_n * stride_zn + o_v, mask=m_v, other=0.0).to(tl.float32) * b_inv - tl.load(lse + i_n)
+        b_tau = tau_scalar
+    b_z = tl.load(z + i_n * stride_zn + o_v, mask=m_v, other=0.0).to(tl.float32) / b_tau
+    b_logp = (b_z - tl.load(row_max + i_n)) - tl.load(log_sum + i_n)  # [BV]
     b_p = tl.exp(b_logp)  # [BV]
     b_g = tl.load(g + i_n)
     b_dz = tl.where(o_v == tl.load(targets + i_n), b_g, 0.0) - b_g * b_p
     if HAS_ENTROPY_GRAD:
         b_dz -= tl.load(g_entropy + i_n) * b_p * (b_logp + tl.load(entropy + i_n))
-    tl.store(dz + i_n * stride_dzn + o_v, (b_dz * b_inv).to(dz.dtype.element_ty), mask=m_v)
+    tl.store(dz + i_n * stride_dzn + o_v, (b_dz / b_tau).to(dz.dtype.element_ty), mask=m_v)
 
 
-def _tau_args(inv_tau, placeholder):
+def _tau_args(tau, placeholder):
     # (pointer, scalar, PER_ROW_TAU): a float temperature travels as a runtime scalar, never a constexpr
-    if isinstance(inv_tau, torch.Tensor):
-        return inv_tau.float().contiguous(), 1.0, True
-    return placeholder, float(inv_tau), False
+    if isinstance(tau, torch.Tensor):
+        return tau.float().contiguous(), 1.0, True
+    return placeholder, float(tau), False
 
 
-def fold_stats(z, targets, inv_tau, entropy: bool):
-    """`[C, V]` float32 logits (unit column stride), `[C]` targets, 1/τ (float or `[C]`) → lse, logp, entropy."""
+def fold_stats(z, targets, tau, entropy: bool):
+    """`[C, V]` float32 logits (unit column stride), `[C]` targets, τ (float or `[C]`) →
+    (row max of z / τ, log Σ exp(z / τ − max), logp, entropy or None); lse = max + log Σ."""
     c, v = z.shape
     if z.stride(1) != 1:
         raise ValueError(f"the logit tile must have unit column stride, got strides {z.stride()}")
-    lse = torch.empty(c, dtype=torch.float32, device=z.device)
-    logp = torch.empty_like(lse)
-    ent = torch.empty_like(lse) if entropy else lse
-    tau_ptr, tau_scalar, per_row = _tau_args(inv_tau, lse)
+    row_max = torch.empty(c, dtype=torch.float32, device=z.device)
+    log_sum, logp = torch.empty_like(row_max), torch.empty_like(row_max)
+    ent = torch.empty_like(row_max) if entropy else row_max
+    tau_ptr, tau_scalar, per_row = _tau_args(tau, row_max)
     fold_stats_kernel[(c,)](
         z,
         targets.contiguous(),
         tau_ptr,
-        lse,
+        row_max,
+        log_sum,
         logp,
         ent,
         v,
@@ -127,15 +139,15 @@ def fold_stats(z, targets, inv_tau, entropy: bool):
         BLOCK_V=FUSED_STATS_BLOCK_V,
         num_warps=FUSED_STATS_NUM_WARPS,
     )
-    return lse, logp, ent if entropy else None
+    return row_max, log_sum, logp, ent if entropy else None
 
 
-def fold_dz(z, out, targets, inv_tau, lse, entropy, g, g_entropy):
+def fold_dz(z, out, targets, tau, row_max, log_sum, entropy, g, g_entropy):
     """∂ℓ/∂(h·Wᵀ) of the tile into `out` (`[C, V]`, any float dtype; may be z itself)."""
     c, v = z.shape
     if out.shape != z.shape or out.stride(1) != 1:
         raise ValueError(f"out must be a [C, V] = {tuple(z.shape)} tile with unit column stride")
-    tau_ptr, tau_scalar, per_row = _tau_args(inv_tau, lse)
+    tau_ptr, tau_scalar, per_row = _tau_args(tau, row_max)
     has_eg = g_entropy is not None
     grid = (c, triton.cdiv(v, FUSED_DZ_BLOCK_V))
     fold_dz_kernel[grid](
@@ -143,10 +155,11 @@ def fold_dz(z, out, targets, inv_tau, lse, entropy, g, g_entropy):
         out,
         targets.contiguous(),
         tau_ptr,
-        lse,
-        entropy if has_eg else lse,
+        row_max,
+        log_sum,
+        entropy if has_eg else row_max,
         g.float().contiguous(),
-        g_entropy.float().contiguous() if has_eg else lse,
+        g_entropy.float().contiguous() if has_eg else row_max,
         v,
         z.stride(0),
         out.stride(0),
