@@ -18,7 +18,7 @@ setup(
     ],
     extras_require={
         "triton": ["triton>=3.3"],
-        "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib"],
+        "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib", "trl>=1.16,<1.17"],
         "bench": ["pytest-benchmark>=4", "matplotlib"],
         "vllm": ["vllm>=0.8"],
         "tensorboard": ["tensorboard"],

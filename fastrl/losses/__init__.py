@@ -3,15 +3,20 @@
 from .config import LossConfig
 from .grpo import GRPOLoss, grpo_loss
 from .hf import hidden_and_head, lm_body_and_head
-from .policy import METRIC_KEYS, LossOutput, policy_loss
+from .policy import METRIC_KEYS, LossOutput, Normalizer, policy_loss
+from .trl_compat import trl_normalizer
+from .verl_compat import verl_normalizer
 
 __all__ = [
     "METRIC_KEYS",
     "GRPOLoss",
     "LossConfig",
     "LossOutput",
+    "Normalizer",
     "grpo_loss",
     "hidden_and_head",
     "lm_body_and_head",
     "policy_loss",
+    "trl_normalizer",
+    "verl_normalizer",
 ]

@@ -3,7 +3,7 @@
 import numbers
 from dataclasses import dataclass
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
 # TRL's `loss_type` names. "dapo" is token-mean whose normalizer is the GLOBAL token count of the
 # optimizer step: pass it as `normalizer=` (the default, the micro-batch count, is TRL's "bnpo").
 TRL_ALIASES = {
@@ -12,10 +12,14 @@ TRL_ALIASES = {
     "dapo": "token-mean",
     "dr_grpo": "seq-mean-token-sum-norm",
 }
-KL_ESTIMATORS = ("k1", "k2", "k3")
-RATIO_LEVELS = ("token", "sequence")
+PG_LOSSES = ("clip", "cispo", "sapo", "gpg", "vespo")
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k3+")
+RATIO_LEVELS = ("token", "sequence", "sequence-token")
+IS_LEVELS = ("token", "sequence")
+IS_MODES = ("truncate", "mask")
+ENTROPY_AGGS = ("loss", "token-mean")
 
-__all__ = ["AGG_MODES", "KL_ESTIMATORS", "RATIO_LEVELS", "TRL_ALIASES", "LossConfig"]
+__all__ = ["AGG_MODES", "KL_ESTIMATORS", "PG_LOSSES", "RATIO_LEVELS", "TRL_ALIASES", "LossConfig"]
 
 
 def _number(name: str, value, *, allow_none: bool = False) -> None:
@@ -28,9 +32,17 @@ def _number(name: str, value, *, allow_none: bool = False) -> None:
         raise ValueError(f"{name} must be finite, got {value}")
 
 
+def _choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class LossConfig:
     """Policy-loss settings. `loss_agg` is stored under its docs/math.md §3 name (a TRL alias is translated).
+
+    `LossConfig.from_trl(grpo_config)` and `LossConfig.from_verl(actor_config)` build the config
+    that reproduces those trainers' loss.
 
     Raises:
         ValueError / TypeError naming the bad field and value.
@@ -41,12 +53,30 @@ class LossConfig:
     eps_high: float = 0.2  # ratio clipped above at 1 + eps_high (DAPO's clip-higher: 0.28)
     dual_clip: float | None = None  # c > 1: caps the loss of A < 0 tokens at −c·A; None = off
     beta: float = 0.0  # KL-to-reference coefficient; > 0 needs ref_logprobs
-    kl: str = "k3"  # KL estimator: k1 = −ρ, k2 = ρ²/2, k3 = exp(ρ) − ρ − 1 with ρ = ref − logp
+    kl: str = "k3"  # k1 = −ρ, k2 = ρ²/2, k3 = exp(ρ) − ρ − 1, abs = |ρ| (ρ = ref − logp); "+": k2's gradient
     entropy_coef: float = 0.0  # α in ℓ = pg + β·kl − α·H; ≠ 0 needs the entropy
     temperature: float = 1.0  # sampling temperature; grpo_loss divides the logits by it
-    ratio_level: str = "token"  # "token" (PPO/GRPO) or "sequence" (GSPO: exp of the masked mean log ratio)
+    ratio_level: str = "token"  # "token", "sequence" (GSPO) or "sequence-token" (GSPO-token)
     max_completion_length: int | None = None  # L_max of seq-mean-token-sum-norm (dr_grpo)
-    is_cap: float | None = None  # C of the rollout IS weight min(exp(old − rollout), C); needs rollout_logprobs
+    is_cap: float | None = None  # upper bound C of the rollout IS weight; needs rollout_logprobs
+    # --- added terms (docs/math.md §2) ---
+    pg_loss: str = "clip"  # "clip" (PPO), "cispo", "sapo", "gpg" (−A·logp), "vespo"
+    kl_bias_correction: bool = False  # KL term × the differentiable ratio r (TRL's use_bias_correction_kl)
+    kl_clip: float | None = None  # the KL estimate clamped to [−kl_clip, kl_clip] (verl's low_var_kl: 10)
+    is_level: str = "token"  # IS weight per token, or one per sequence from Σ_t (old − rollout)
+    is_mode: str = "truncate"  # "truncate": clamp to [is_min, is_cap]; "mask": 0 outside [is_min, is_cap]
+    is_min: float | None = None  # lower bound of the IS weight (None: none)
+    is_log_clip: float | None = None  # the IS log ratio clamped to ±is_log_clip first (verl: 20)
+    off_policy_mask: float | None = None  # drop A < 0 sequences whose mean (rollout − logp) > this (OPSM)
+    top_entropy_quantile: float = 1.0  # policy term only on tokens at or above this entropy quantile
+    entropy_agg: str = "loss"  # entropy bonus aggregated as the loss ("loss") or a token mean ("token-mean")
+    count_empty_rows: bool = True  # seq-mean-*: default normalizer B (True) or the non-empty rows (False)
+    sapo_tau_pos: float = 1.0  # SAPO gate temperature for A > 0
+    sapo_tau_neg: float = 1.05  # and for A ≤ 0
+    vespo_k_pos: float = 2.0  # VESPO gamma weight φ(w) = exp(λ + k·log w − λ·w), for A ≥ 0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0  # and for A < 0
+    vespo_lambda_neg: float = 2.0
 
     def __post_init__(self):
         if not isinstance(self.loss_agg, str):
@@ -56,27 +86,56 @@ class LossConfig:
         if agg not in AGG_MODES:
             raise ValueError(f"loss_agg must be one of {AGG_MODES} or {tuple(TRL_ALIASES)}, got {given!r}")
         object.__setattr__(self, "loss_agg", agg)
-        for name in ("eps_low", "eps_high", "beta", "entropy_coef", "temperature"):
+        floats = ("eps_low", "eps_high", "beta", "entropy_coef", "temperature", "top_entropy_quantile")
+        floats += ("sapo_tau_pos", "sapo_tau_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg")
+        for name in floats + ("vespo_lambda_neg",):
             _number(name, getattr(self, name))
-        for name in ("eps_low", "eps_high", "beta"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.eps_low >= 1:
-            raise ValueError(
-                f"eps_low must be < 1 (the lower clip bound 1 - eps_low must stay > 0), got {self.eps_low}"
-            )
+        for name in ("is_cap", "dual_clip", "kl_clip", "is_min", "is_log_clip", "off_policy_mask"):
+            _number(name, getattr(self, name), allow_none=True)
+        _choice("pg_loss", self.pg_loss, PG_LOSSES)
+        _choice("kl", self.kl, KL_ESTIMATORS)
+        _choice("ratio_level", self.ratio_level, RATIO_LEVELS)
+        _choice("is_level", self.is_level, IS_LEVELS)
+        _choice("is_mode", self.is_mode, IS_MODES)
+        _choice("entropy_agg", self.entropy_agg, ENTROPY_AGGS)
+        for name in ("kl_bias_correction", "count_empty_rows"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        self._check_ranges(given, agg)
+
+    def _check_ranges(self, given: str, agg: str) -> None:
+        if self.beta < 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.pg_loss == "cispo":
+            # CISPO clamps the (detached) weight to [1 − eps_low, 1 + eps_high]; eps_low = 1: no lower bound
+            if not (self.eps_low <= 1 and self.eps_high > -1 and 1 - self.eps_low <= 1 + self.eps_high):
+                raise ValueError(
+                    f"pg_loss='cispo' needs 0 <= 1 - eps_low <= 1 + eps_high, got eps_low={self.eps_low}, "
+                    f"eps_high={self.eps_high}"
+                )
+        else:
+            for name in ("eps_low", "eps_high"):
+                if getattr(self, name) < 0:
+                    raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            if self.eps_low >= 1:
+                raise ValueError(
+                    f"eps_low must be < 1 (the lower clip bound 1 - eps_low must stay > 0), got {self.eps_low}"
+                )
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        _number("dual_clip", self.dual_clip, allow_none=True)
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"dual_clip must be None or > 1, got {self.dual_clip}")
-        _number("is_cap", self.is_cap, allow_none=True)
-        if self.is_cap is not None and not self.is_cap > 0:
-            raise ValueError(f"is_cap must be None or > 0, got {self.is_cap}")
-        if self.kl not in KL_ESTIMATORS:
-            raise ValueError(f"kl must be one of {KL_ESTIMATORS}, got {self.kl!r}")
-        if self.ratio_level not in RATIO_LEVELS:
-            raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}")
+        for name in ("is_cap", "kl_clip", "is_log_clip", "sapo_tau_pos", "sapo_tau_neg"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be None or > 0, got {value}")
+        if self.is_min is not None:
+            if self.is_cap is None:
+                raise ValueError(f"is_min={self.is_min} needs is_cap (the IS weight is on only with is_cap)")
+            if not 0 <= self.is_min <= self.is_cap:
+                raise ValueError(f"is_min must be in [0, is_cap={self.is_cap}], got {self.is_min}")
+        if not 0 < self.top_entropy_quantile <= 1:
+            raise ValueError(f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}")
         length = self.max_completion_length
         if length is not None and (isinstance(length, bool) or not isinstance(length, numbers.Integral) or length <= 0):
             raise ValueError(f"max_completion_length must be None or a positive int, got {length!r}")
@@ -84,3 +143,24 @@ class LossConfig:
             object.__setattr__(self, "max_completion_length", int(length))
         if agg == "seq-mean-token-sum-norm" and length is None:
             raise ValueError(f"loss_agg={given!r} divides by the max completion length: set max_completion_length")
+
+    @classmethod
+    def from_trl(cls, args) -> "LossConfig":
+        """The config whose loss equals TRL's `GRPOTrainer` loss for `args` (a `trl.GRPOConfig`).
+
+        Raises ValueError naming every option of `args` that fastrl does not reproduce.
+        """
+        from .trl_compat import config_from_trl
+
+        return config_from_trl(cls, args)
+
+    @classmethod
+    def from_verl(cls, actor, *, rollout_correction=None, temperature: float = 1.0) -> "LossConfig":
+        """The config whose loss equals verl's actor loss for `actor` (`actor_rollout_ref.actor`, a dict,
+        OmegaConf node or verl `ActorConfig`); `rollout_correction` is `algorithm.rollout_correction`.
+
+        Raises ValueError naming every option that fastrl does not reproduce.
+        """
+        from .verl_compat import config_from_verl
+
+        return config_from_verl(cls, actor, rollout_correction=rollout_correction, temperature=temperature)

@@ -33,9 +33,9 @@ def grpo_loss(
     """Fused GRPO/PPO loss straight from the LM body's hidden states (docs/math.md §1–3).
 
     The logits are divided by config.temperature (match the sampler's). The entropy is computed only
-    when config.entropy_coef != 0 (it costs an extra pass over the vocabulary); only then is
-    metrics["entropy_mean"] present. Gradients flow into hidden, weight and bias in one backward;
-    a weight tied to the input embedding receives the sum of both gradients, as autograd does.
+    when config.entropy_coef != 0 or config.top_entropy_quantile < 1 (it costs an extra pass over the
+    vocabulary); only then is metrics["entropy_mean"] present. Gradients flow into hidden, weight and bias in
+    one backward; a weight tied to the input embedding receives the sum of both gradients, as autograd does.
 
     Args:
         hidden: `[B, T, D]` hidden states after the final norm; position t predicts targets[:, t].
@@ -69,7 +69,7 @@ def grpo_loss(
             raise ValueError(f"targets hold ignore_index={IGNORE_INDEX} at a position where mask is 1")
         # Masked positions are ignored by the log-prob op: any id is allowed there and costs no gradient.
         targets = torch.where(live, targets, torch.full_like(targets, IGNORE_INDEX))
-    need_entropy = config.entropy_coef != 0
+    need_entropy = config.entropy_coef != 0 or config.top_entropy_quantile < 1
     out = token_logprobs(
         hidden,
         weight,

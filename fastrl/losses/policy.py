@@ -6,15 +6,16 @@ from typing import NamedTuple
 
 import torch
 
-from fastrl.kernels import STATS, PolicyLossParams, policy_rows
+from fastrl.kernels import STATS, PolicyLossParams, policy_rows, resolve_impl
 
 from .config import LossConfig
+from .weights import policy_weight
 
-__all__ = ["METRIC_KEYS", "LossOutput", "policy_loss"]
+__all__ = ["METRIC_KEYS", "LossOutput", "Normalizer", "policy_loss"]
 
 # The per-token means a loss call can report in `LossOutput.metrics` (besides `num_tokens`), under the names
-# the trainer logs them, each with the `STATS` column it averages; a metric the configuration does not
-# compute is absent from that call's dict.
+# the trainer logs them, each with the `STATS` column it averages (None: computed with the weights); a metric
+# the configuration does not compute is absent from that call's dict.
 _METRIC_COLUMNS = {
     "clip_frac_low": "clip_low",
     "clip_frac_high": "clip_high",
@@ -23,7 +24,9 @@ _METRIC_COLUMNS = {
     "log_ratio_abs_mean": "log_ratio_abs",
     "kl_mean": "kl",
     "entropy_mean": "entropy",
-    "is_weight_mean": "is_weight",
+    "is_weight_mean": None,
+    "vespo_phi_mean": None,
+    "off_policy_masked_frac": None,
 }
 METRIC_KEYS = tuple(_METRIC_COLUMNS)
 _TOKENS = STATS.index("tokens")
@@ -32,6 +35,14 @@ _TOKENS = STATS.index("tokens")
 class LossOutput(NamedTuple):
     loss: torch.Tensor  # scalar float32, differentiable
     metrics: dict  # name → detached 0-dim float32 tensor (no host sync); means over this call's masked tokens
+
+
+class Normalizer(NamedTuple):
+    """A micro-batch's divisors: `policy` as `normalizer=`; `accumulation_steps` divides the token-mean
+    entropy bonus (`entropy_agg="token-mean"`), which is a mean over this call's tokens."""
+
+    policy: object  # number, 1-element tensor or None (this call's count)
+    accumulation_steps: float = 1.0
 
 
 def _tensor(name, t, *, optional=False):
@@ -75,84 +86,110 @@ def _check_inputs(logprobs, advantages, mask, old, ref, rollout, entropy, config
         raise ValueError(f"config.beta={config.beta} > 0 needs ref_logprobs")
     if config.is_cap is not None and rollout is None:
         raise ValueError(f"config.is_cap={config.is_cap} needs rollout_logprobs (the sampler's log-probs)")
-    if rollout is not None and config.is_cap is None:
-        raise ValueError("rollout_logprobs was given but config.is_cap is None: set is_cap to apply the IS weight")
+    if rollout is not None and config.is_cap is None and config.off_policy_mask is None:
+        raise ValueError(
+            "rollout_logprobs was given but config.is_cap is None (and so is config.off_policy_mask): "
+            "set is_cap to apply the IS weight"
+        )
     if config.entropy_coef != 0 and entropy is None:
         raise ValueError(f"config.entropy_coef={config.entropy_coef} != 0 needs entropy")
+    if config.top_entropy_quantile < 1 and entropy is None:
+        raise ValueError(f"config.top_entropy_quantile={config.top_entropy_quantile} < 1 needs entropy")
     if mask.dtype != torch.bool and mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
         bad = mask[(mask != 0) & (mask != 1)][0].item()
         raise ValueError(f"mask must hold only 0 and 1, found {bad}")
 
 
-def _normalizer(normalizer, default: torch.Tensor) -> torch.Tensor:
-    if normalizer is None:
-        norm = default
-    elif isinstance(normalizer, torch.Tensor):
-        if normalizer.numel() != 1 or normalizer.is_complex() or normalizer.dtype == torch.bool:
-            raise ValueError(
-                f"normalizer tensor must be one real number, got shape {tuple(normalizer.shape)} {normalizer.dtype}"
-            )
-        norm = normalizer.detach().reshape(()).to(device=default.device, dtype=torch.float32)
-        if normalizer.device.type == "cpu" and not 0 <= float(normalizer) < float("inf"):
-            raise ValueError(f"normalizer must be a finite count >= 0, got {float(normalizer)}")
+def _count(value, name: str, device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            raise ValueError(f"{name} tensor must be one real number, got shape {tuple(value.shape)} {value.dtype}")
+        norm = value.detach().reshape(()).to(device=device, dtype=torch.float32)
+        if value.device.type == "cpu" and not 0 <= float(value) < float("inf"):
+            raise ValueError(f"{name} must be a finite count >= 0, got {float(value)}")
         # On an accelerator a check would sync with the host: a negative or NaN count gives a NaN loss
         # instead (below), never a silently rescaled one.
-        norm = torch.where((norm >= 0) & norm.isfinite(), norm, torch.full_like(norm, float("nan")))
-    else:
-        if isinstance(normalizer, bool) or not isinstance(normalizer, numbers.Real):
-            raise TypeError(f"normalizer must be a number, a 1-element tensor or None, got {type(normalizer).__name__}")
-        if not 0 <= normalizer < float("inf"):
-            raise ValueError(f"normalizer must be a finite count >= 0, got {normalizer}")
-        norm = torch.full((), float(normalizer), dtype=torch.float32, device=default.device)
+        return torch.where((norm >= 0) & norm.isfinite(), norm, torch.full_like(norm, float("nan")))
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, a 1-element tensor or None, got {type(value).__name__}")
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be a finite count >= 0, got {value}")
+    return torch.full((), float(value), dtype=torch.float32, device=device)
+
+
+def _normalizer(normalizer, default: torch.Tensor) -> torch.Tensor:
+    norm = default if normalizer is None else _count(normalizer, "normalizer", default.device)
     # An empty step (count 0) has a zero numerator: divide by 1 to return 0, not 0/0.
     return torch.where(norm == 0, torch.ones_like(norm), norm)
 
 
 def _aggregate(row_loss: torch.Tensor, tokens: torch.Tensor, config: LossConfig, normalizer) -> torch.Tensor:
     """docs/math.md §3: per-sequence masked sums `[B]` and token counts `[B]` → the scalar loss."""
-    # torch.full, not torch.tensor: a fill kernel, no blocking host-to-device copy on CUDA
-    batch = torch.full((), float(row_loss.shape[0]), dtype=torch.float32, device=row_loss.device)
+    if config.count_empty_rows:
+        # torch.full, not torch.tensor: a fill kernel, no blocking host-to-device copy on CUDA
+        rows = torch.full((), float(row_loss.shape[0]), dtype=torch.float32, device=row_loss.device)
+    else:
+        rows = (tokens > 0).sum().to(torch.float32)
     if config.loss_agg == "token-mean":
         numerator, default = row_loss.sum(), tokens.sum()
+    elif config.loss_agg == "token-sum":
+        numerator, default = row_loss.sum(), torch.ones((), dtype=torch.float32, device=row_loss.device)
     elif config.loss_agg == "seq-mean-token-mean":
-        numerator, default = (row_loss / tokens.clamp(min=1)).sum(), batch
+        numerator, default = (row_loss / tokens.clamp(min=1)).sum(), rows
     elif config.loss_agg == "seq-mean-token-sum":
-        numerator, default = row_loss.sum(), batch
+        numerator, default = row_loss.sum(), rows
     else:
-        numerator, default = row_loss.sum() / config.max_completion_length, batch
+        numerator, default = row_loss.sum() / config.max_completion_length, rows
     return numerator / _normalizer(normalizer, default)
 
 
 def _kernel_params(config: LossConfig) -> PolicyLossParams:
     """The only map from a `LossConfig` to the kernels' `PolicyLossParams`.
 
-    Every kernel field but `seq_ratio` is the `LossConfig` field of the same name (numbers as Python
-    floats); `seq_ratio` is `ratio_level == "sequence"`. The other knobs (loss_agg, temperature,
-    max_completion_length) act outside the per-token kernel.
+    Every kernel field but `pg` is the `LossConfig` field of the same name (numbers as Python floats), with
+    two exceptions: `entropy_coef` is 0 when the bonus is a token mean added outside the kernel
+    (`entropy_agg="token-mean"`), and `dual_clip` is None for a policy term other than the clip. `pg` is
+    the kernel's policy term: "clip", "sapo", or "linear" (−A·logp) for cispo / gpg / vespo, whose
+    weights the caller computes. The other knobs act outside the per-token kernel.
     """
     fields = {}
     for field in dataclasses.fields(PolicyLossParams):
-        if field.name == "seq_ratio":
+        if field.name == "pg":
             continue
         value = getattr(config, field.name)
-        fields[field.name] = value if value is None or isinstance(value, str) else float(value)
-    return PolicyLossParams(**fields, seq_ratio=config.ratio_level == "sequence")
+        fields[field.name] = value if value is None or isinstance(value, (str, bool)) else float(value)
+    pg = config.pg_loss if config.pg_loss in ("clip", "sapo") else "linear"
+    if config.entropy_agg != "loss":
+        fields["entropy_coef"] = 0.0
+    if pg != "clip":
+        fields["dual_clip"] = None
+    return PolicyLossParams(**fields, pg=pg)
 
 
-def _metrics_from_stats(stats: torch.Tensor, config: LossConfig, has_ref: bool, has_entropy: bool, has_is: bool):
-    """`[B, NUM_STATS]` per-sequence sums → {METRIC_KEYS present in this call, "num_tokens"}: token means."""
+def _metrics_from_stats(stats: torch.Tensor, config: LossConfig, has_ref: bool, has_entropy: bool):
+    """`[B, NUM_STATS]` per-sequence sums → the kernel's METRIC_KEYS present in this call and "num_tokens"."""
     totals = dict(zip(STATS, stats.sum(0).unbind()))
     tokens = totals["tokens"]
     denom = tokens.clamp(min=1)
+    clip = config.pg_loss == "clip"
     absent = {
-        "clip_frac_dual": config.dual_clip is None,
+        "clip_frac_low": not clip,
+        "clip_frac_high": not clip,
+        "clip_frac_dual": config.dual_clip is None or not clip,
         "kl_mean": not has_ref,
         "entropy_mean": not has_entropy,
-        "is_weight_mean": not has_is,
     }
-    metrics = {key: totals[col] / denom for key, col in _METRIC_COLUMNS.items() if not absent.get(key, False)}
+    metrics = {key: totals[col] / denom for key, col in _METRIC_COLUMNS.items() if col and not absent.get(key, False)}
     metrics["num_tokens"] = tokens
     return metrics
+
+
+def _entropy_bonus(entropy, m, h_mask, config: LossConfig, steps) -> torch.Tensor:
+    # TRL's entropy bonus: a mean over this call's (entropy-masked) tokens, whatever the loss mode
+    live = m if h_mask is None else m & h_mask
+    h = torch.where(live, entropy, 0.0).sum(dtype=torch.float32 if entropy.dtype != torch.float64 else None)
+    mean = h / live.sum().clamp(min=1)
+    return -config.entropy_coef * mean / _normalizer(steps, torch.ones((), device=m.device))
 
 
 def policy_loss(
@@ -178,29 +215,42 @@ def policy_loss(
             (ratio 1, gradient −A·∇logp).
         ref_logprobs: `[B, T]` reference-model log-probs; needed when config.beta > 0, else metric only.
         rollout_logprobs: `[B, T]` the inference engine's log-probs; with config.is_cap they give the
-            detached weight min(exp(old − rollout), is_cap).
-        entropy: `[B, T]` per-token entropy (differentiable); needed when config.entropy_coef != 0.
+            detached IS weight from exp(old − rollout) (config.is_level / is_mode / is_min), and
+            config.off_policy_mask measures its sequences' drift against them.
+        entropy: `[B, T]` per-token entropy (differentiable); needed when config.entropy_coef != 0 or
+            config.top_entropy_quantile < 1.
         config: a `LossConfig` (default `LossConfig()`).
         normalizer: the GLOBAL count of the optimizer step (tokens for token-mean, sequences for the
-            seq-mean modes) when one step is split over micro-batches or ranks; default: this batch's.
+            seq-mean modes) when one step is split over micro-batches or ranks, or a `Normalizer`
+            (`trl_normalizer` / `verl_normalizer` give the peers'); default: this batch's.
         impl: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
 
     Returns:
         LossOutput(loss, metrics). metrics: clip_frac_low, clip_frac_high, ratio_mean, log_ratio_abs_mean
         (of the ratio actually used, i.e. the sequence ratio under GSPO), clip_frac_dual with dual_clip,
-        kl_mean with ref_logprobs, entropy_mean with entropy, is_weight_mean with the IS weight, and
-        num_tokens; means are over this call's masked tokens (0 when there are none).
+        kl_mean with ref_logprobs, entropy_mean with entropy, is_weight_mean with the IS weight,
+        vespo_phi_mean, off_policy_masked_frac with those terms, and num_tokens; means are over this
+        call's masked tokens (0 when there are none).
     """
     config = LossConfig() if config is None else config
     if not isinstance(config, LossConfig):
         raise TypeError(f"config must be a LossConfig or None, got {type(config).__name__}")
     _check_inputs(logprobs, advantages, mask, old_logprobs, ref_logprobs, rollout_logprobs, entropy, config)
+    steps = 1.0
+    if isinstance(normalizer, Normalizer):
+        normalizer, steps = normalizer.policy, normalizer.accumulation_steps
     params = _kernel_params(config)
+    m = mask if mask.dtype == torch.bool else mask != 0
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)
+    weight, h_mask, extra = policy_weight(config, logprobs, old_logprobs, rollout_logprobs, m, adv, entropy)
+    if weight is not None and resolve_impl(impl, logprobs.device) == "triton":
+        weight = weight.float()
     row_loss, stats = policy_rows(
-        logprobs, advantages, mask, old_logprobs, ref_logprobs, rollout_logprobs, entropy, params, impl=impl
+        logprobs, advantages, mask, old_logprobs, ref_logprobs, weight, entropy, params, impl=impl
     )
     loss = _aggregate(row_loss, stats[:, _TOKENS].to(row_loss.dtype), config, normalizer)
-    metrics = _metrics_from_stats(
-        stats, config, ref_logprobs is not None, entropy is not None, rollout_logprobs is not None
-    )
+    if config.entropy_agg == "token-mean" and config.entropy_coef != 0:
+        loss = loss + _entropy_bonus(entropy, m, h_mask, config, steps).to(loss.dtype)
+    metrics = _metrics_from_stats(stats, config, ref_logprobs is not None, entropy is not None)
+    metrics.update(extra)
     return LossOutput(loss, metrics)

@@ -14,7 +14,7 @@ def policy_rows(
     mask: torch.Tensor,
     old: torch.Tensor | None,
     ref: torch.Tensor | None,
-    rollout: torch.Tensor | None,
+    weight: torch.Tensor | None,
     entropy: torch.Tensor | None,
     params: PolicyLossParams,
     *,
@@ -27,7 +27,8 @@ def policy_rows(
     Args:
         logp: `[B, T]` log-probs of the current policy (differentiable).
         advantages: `[B]` or `[B, T]`; mask: `[B, T]` bool or 0/1.
-        old, ref, rollout: `[B, T]` constants or None; entropy: `[B, T]` (differentiable) or None.
+        old, ref: `[B, T]` constants or None; weight: `[B, T]` detached factor of the policy term (importance
+            weights, masks) or None; entropy: `[B, T]` (differentiable) or None.
         params: the frozen scalars of the loss.
         impl: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
 
@@ -36,4 +37,4 @@ def policy_rows(
         columns named by `STATS`).
     """
     fn = policy_rows_impl(resolve_impl(impl, logp.device))
-    return fn(logp, advantages, mask, old, ref, rollout, entropy, params)
+    return fn(logp, advantages, mask, old, ref, weight, entropy, params)

@@ -1,8 +1,9 @@
 """Fused per-token policy loss, backward (docs/math.md §2): one program per sequence.
 
 The token terms are recomputed from the inputs (nothing `[B, T]` is saved beyond them) and scaled
-by the upstream gradient of the row, dL/d(row_loss). Under GSPO every token's gradient carries the
-row's sum of ∂(w·pg)/∂r, so the row is walked twice.
+by the upstream gradient of the row, dL/d(row_loss). Under GSPO (ratio_level "sequence") every
+token's gradient carries the row's sum of ∂ℓ/∂r, so the row is walked twice; GSPO-token
+("sequence-token") takes the sequence ratio's value and each token's own gradient.
 """
 
 import torch
@@ -18,11 +19,12 @@ __all__ = ["policy_bwd", "policy_bwd_kernel"]
 
 @triton.heuristics(OPTIONAL_INPUTS)
 @triton.jit
-def policy_bwd_kernel(logp, old, ref, rollout, entropy, adv, mask, seq_log_ratio, grad_row, d_logp, d_entropy, T,
-                      eps_low, eps_high, dual_clip, beta, entropy_coef, is_cap,
-                      HAS_OLD: tl.constexpr, HAS_REF: tl.constexpr, HAS_ROLLOUT: tl.constexpr,
+def policy_bwd_kernel(logp, old, ref, weight, entropy, adv, mask, seq_log_ratio, grad_row, d_logp, d_entropy, T,
+                      eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef, tau_pos, tau_neg,
+                      HAS_OLD: tl.constexpr, HAS_REF: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                       HAS_ENTROPY: tl.constexpr, HAS_DUAL: tl.constexpr, ADV_PER_TOKEN: tl.constexpr,
-                      SEQ_RATIO: tl.constexpr, KL: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
+                      PG: tl.constexpr, SEQ_RATIO: tl.constexpr, SEQ_GRAD: tl.constexpr, KL: tl.constexpr,
+                      HAS_KL_CLIP: tl.constexpr, KL_BIAS: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
     i_b = tl.program_id(0).to(tl.int64)
     row = i_b * T
     b_g = tl.load(grad_row + i_b).to(tl.float32)
@@ -32,24 +34,25 @@ def policy_bwd_kernel(logp, old, ref, rollout, entropy, adv, mask, seq_log_ratio
     b_seq_lr = 0.0
     b_seq_coef = 0.0
     if SEQ_RATIO:
-        # ∂r_seq/∂logp_t = r_seq·m_t/n: every token's gradient carries Σ_u m_u·∂(w·pg)_u/∂r
         b_seq_lr = tl.load(seq_log_ratio + i_b)
+    if SEQ_GRAD:
+        # GSPO: ∂r_seq/∂logp_t = r_seq·m_t/n, so every token's gradient carries Σ_u m_u·∂ℓ_u/∂r
         b_seq_r = tl.exp(b_seq_lr)
         b_acc = tl.zeros([BLOCK_T], dtype=tl.float32)
         b_cnt = tl.zeros([BLOCK_T], dtype=tl.float32)
         for start in range(0, T, BLOCK_T):
             o_t = start + tl.arange(0, BLOCK_T)
             m_t = o_t < T
-            b_m, b_lp, b_old, b_adv, b_ref, b_log_w, b_h = load_row_block(
-                logp, old, ref, rollout, entropy, adv, mask, row, o_t, m_t, b_adv_row,
-                HAS_OLD, HAS_REF, HAS_ROLLOUT, HAS_ENTROPY, ADV_PER_TOKEN,
+            b_m, b_lp, b_old, b_adv, b_ref, b_w, b_h = load_row_block(
+                logp, old, ref, weight, entropy, adv, mask, row, o_t, m_t, b_adv_row,
+                HAS_OLD, HAS_REF, HAS_WEIGHT, HAS_ENTROPY, ADV_PER_TOKEN,
             )  # fmt: skip
             b_r = tl.full([BLOCK_T], 0.0, tl.float32) + b_seq_r
-            _, b_d_pg, _, _, _, _, _, _ = token_terms(
-                b_r, b_adv, b_lp, b_ref, b_log_w, b_h, eps_low, eps_high, dual_clip, beta, entropy_coef, is_cap,
-                HAS_DUAL, HAS_REF, HAS_ROLLOUT, HAS_ENTROPY, KL,
+            _, b_d_r, _, _, _, _, _ = token_terms(
+                b_r, b_adv, b_lp, b_ref, b_w, b_h, eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef,
+                tau_pos, tau_neg, PG, HAS_DUAL, HAS_REF, HAS_ENTROPY, KL, HAS_KL_CLIP, KL_BIAS,
             )  # fmt: skip
-            b_acc += tl.where(b_m, b_d_pg, 0.0)
+            b_acc += tl.where(b_m, b_d_r, 0.0)
             b_cnt += b_m.to(tl.float32)
         # a row whose tokens are all clipped has Σ = 0: its gradient is 0 even when r_seq overflowed
         b_sum = tl.sum(b_acc, axis=0)
@@ -57,24 +60,24 @@ def policy_bwd_kernel(logp, old, ref, rollout, entropy, adv, mask, seq_log_ratio
     for start in range(0, T, BLOCK_T):
         o_t = start + tl.arange(0, BLOCK_T)
         m_t = o_t < T
-        b_m, b_lp, b_old, b_adv, b_ref, b_log_w, b_h = load_row_block(
-            logp, old, ref, rollout, entropy, adv, mask, row, o_t, m_t, b_adv_row,
-            HAS_OLD, HAS_REF, HAS_ROLLOUT, HAS_ENTROPY, ADV_PER_TOKEN,
+        b_m, b_lp, b_old, b_adv, b_ref, b_w, b_h = load_row_block(
+            logp, old, ref, weight, entropy, adv, mask, row, o_t, m_t, b_adv_row,
+            HAS_OLD, HAS_REF, HAS_WEIGHT, HAS_ENTROPY, ADV_PER_TOKEN,
         )  # fmt: skip
         if SEQ_RATIO:
-            b_lr = tl.full([BLOCK_T], 0.0, tl.float32) + b_seq_lr
+            b_lr = tl.where(b_m, b_seq_lr, 0.0)
         else:
             b_lr = b_lp - b_old
         b_r = tl.exp(b_lr)
-        _, b_d_pg, b_d_kl, _, _, _, _, _ = token_terms(
-            b_r, b_adv, b_lp, b_ref, b_log_w, b_h, eps_low, eps_high, dual_clip, beta, entropy_coef, is_cap,
-            HAS_DUAL, HAS_REF, HAS_ROLLOUT, HAS_ENTROPY, KL,
+        _, b_d_r, b_d_lp, _, _, _, _ = token_terms(
+            b_r, b_adv, b_lp, b_ref, b_w, b_h, eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef,
+            tau_pos, tau_neg, PG, HAS_DUAL, HAS_REF, HAS_ENTROPY, KL, HAS_KL_CLIP, KL_BIAS,
         )  # fmt: skip
-        if SEQ_RATIO:
-            b_d = b_seq_coef + b_d_kl
+        if SEQ_GRAD:
+            b_d = b_seq_coef + b_d_lp
         else:
-            # a clipped token (d_pg = 0) stays at 0 when r overflowed: no 0·inf
-            b_d = tl.where(b_d_pg == 0.0, 0.0, b_d_pg * b_r) + b_d_kl
+            # a clipped token (d_r = 0) stays at 0 when r overflowed: no 0·inf
+            b_d = tl.where(b_d_r == 0.0, 0.0, b_d_r * b_r) + b_d_lp
         b_d = tl.where(b_m, b_g * b_d, 0.0)
         tl.store(d_logp + row + o_t, b_d.to(d_logp.dtype.element_ty), mask=m_t)
         if HAS_ENTROPY:
@@ -82,13 +85,13 @@ def policy_bwd_kernel(logp, old, ref, rollout, entropy, adv, mask, seq_log_ratio
             tl.store(d_entropy + row + o_t, b_de.to(d_entropy.dtype.element_ty), mask=m_t)
 
 
-def policy_bwd(logp, advantages, mask, old, ref, rollout, entropy, seq_log_ratio, grad_row, params: PolicyLossParams):
+def policy_bwd(logp, advantages, mask, old, ref, weight, entropy, seq_log_ratio, grad_row, params: PolicyLossParams):
     """The forward's inputs, its seq_log_ratio `[B]` and dL/d(row_loss) `[B]` → d_logp, d_entropy or None.
 
     The gradients are `[B, T]` in the dtype of logp and entropy.
     """
     B, T = logp.shape
-    tensors, scalars, flags = launch_args(logp, advantages, mask, old, ref, rollout, entropy, params)
+    tensors, scalars, flags = launch_args(logp, advantages, mask, old, ref, weight, entropy, params)
     d_logp = torch.empty_like(logp, memory_format=torch.contiguous_format)
     d_entropy = None if entropy is None else torch.empty_like(entropy, memory_format=torch.contiguous_format)
     if B > 0:

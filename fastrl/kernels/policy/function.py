@@ -12,24 +12,24 @@ __all__ = ["PolicyRowsFunction", "policy_rows_triton"]
 
 class PolicyRowsFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logp, entropy, advantages, mask, old, ref, rollout, params: PolicyLossParams):
-        old, ref, rollout, advantages = (None if t is None else t.detach() for t in (old, ref, rollout, advantages))
-        row_loss, stats, seq_log_ratio = policy_fwd(logp, advantages, mask, old, ref, rollout, entropy, params)
+    def forward(ctx, logp, entropy, advantages, mask, old, ref, weight, params: PolicyLossParams):
+        old, ref, weight, advantages = (None if t is None else t.detach() for t in (old, ref, weight, advantages))
+        row_loss, stats, seq_log_ratio = policy_fwd(logp, advantages, mask, old, ref, weight, entropy, params)
         ctx.params = params
-        ctx.save_for_backward(logp, entropy, advantages, mask, old, ref, rollout, seq_log_ratio)
+        ctx.save_for_backward(logp, entropy, advantages, mask, old, ref, weight, seq_log_ratio)
         ctx.mark_non_differentiable(stats)
         return row_loss, stats
 
     @staticmethod
     @once_differentiable  # the backward is hand-written: a second derivative must raise, not be wrong
     def backward(ctx, grad_row, _grad_stats):
-        logp, entropy, advantages, mask, old, ref, rollout, seq_log_ratio = ctx.saved_tensors
+        logp, entropy, advantages, mask, old, ref, weight, seq_log_ratio = ctx.saved_tensors
         d_logp, d_entropy = policy_bwd(
-            logp, advantages, mask, old, ref, rollout, entropy, seq_log_ratio, grad_row, ctx.params
+            logp, advantages, mask, old, ref, weight, entropy, seq_log_ratio, grad_row, ctx.params
         )
         return d_logp, d_entropy, None, None, None, None, None, None
 
 
-def policy_rows_triton(logp, advantages, mask, old, ref, rollout, entropy, params: PolicyLossParams):
+def policy_rows_triton(logp, advantages, mask, old, ref, weight, entropy, params: PolicyLossParams):
     """Triton version of `policy_rows_torch`: same arguments, same (row_loss `[B]`, stats `[B, K]`)."""
-    return PolicyRowsFunction.apply(logp, entropy, advantages, mask, old, ref, rollout, params)
+    return PolicyRowsFunction.apply(logp, entropy, advantages, mask, old, ref, weight, params)

@@ -1,10 +1,10 @@
 """Fused per-token policy loss, forward (docs/math.md §2): one program per sequence.
 
-Each program walks its row in `[BLOCK_T]` blocks, computes ratio, clipping, dual clip, IS weight,
-KL and entropy terms in float32 and reduces them to the row's masked sums: the loss Σ_t m·ℓ and the
-`STATS` columns, each stored at the index its `STAT_*` constexpr gives. The aggregation over rows
-(docs/math.md §3) is a handful of `[B]` ops outside. GSPO's sequence ratio needs the row's masked
-mean log ratio first: the forward stores it per row for the backward.
+Each program walks its row in `[BLOCK_T]` blocks, computes ratio, policy term (clip / SAPO gate /
+linear), dual clip, weight, KL and entropy terms in float32 and reduces them to the row's masked sums:
+the loss Σ_t m·ℓ and the `STATS` columns, each stored at the index its `STAT_*` constexpr gives. The
+aggregation over rows (docs/math.md §3) is a handful of `[B]` ops outside. A sequence-level ratio needs
+the row's masked mean log ratio first: the forward stores it per row for the backward.
 """
 
 import torch
@@ -20,11 +20,12 @@ __all__ = ["policy_fwd", "policy_fwd_kernel"]
 
 @triton.heuristics(OPTIONAL_INPUTS)
 @triton.jit
-def policy_fwd_kernel(logp, old, ref, rollout, entropy, adv, mask, row_loss, stats, seq_log_ratio, T,
-                      eps_low, eps_high, dual_clip, beta, entropy_coef, is_cap,
-                      HAS_OLD: tl.constexpr, HAS_REF: tl.constexpr, HAS_ROLLOUT: tl.constexpr,
+def policy_fwd_kernel(logp, old, ref, weight, entropy, adv, mask, row_loss, stats, seq_log_ratio, T,
+                      eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef, tau_pos, tau_neg,
+                      HAS_OLD: tl.constexpr, HAS_REF: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                       HAS_ENTROPY: tl.constexpr, HAS_DUAL: tl.constexpr, ADV_PER_TOKEN: tl.constexpr,
-                      SEQ_RATIO: tl.constexpr, KL: tl.constexpr, NUM_STATS: tl.constexpr,
+                      PG: tl.constexpr, SEQ_RATIO: tl.constexpr, SEQ_GRAD: tl.constexpr, KL: tl.constexpr,
+                      HAS_KL_CLIP: tl.constexpr, KL_BIAS: tl.constexpr, NUM_STATS: tl.constexpr,
                       STAT_TOKENS: tl.constexpr, STAT_CLIP_LOW: tl.constexpr, STAT_CLIP_HIGH: tl.constexpr,
                       STAT_CLIP_DUAL: tl.constexpr, STAT_RATIO: tl.constexpr, STAT_LOG_RATIO_ABS: tl.constexpr,
                       STAT_KL: tl.constexpr, STAT_ENTROPY: tl.constexpr, STAT_IS_WEIGHT: tl.constexpr,
@@ -51,18 +52,18 @@ def policy_fwd_kernel(logp, old, ref, rollout, entropy, adv, mask, row_loss, sta
     for start in range(0, T, BLOCK_T):
         o_t = start + tl.arange(0, BLOCK_T)
         m_t = o_t < T
-        b_m, b_lp, b_old, b_adv, b_ref, b_log_w, b_h = load_row_block(
-            logp, old, ref, rollout, entropy, adv, mask, row, o_t, m_t, b_adv_row,
-            HAS_OLD, HAS_REF, HAS_ROLLOUT, HAS_ENTROPY, ADV_PER_TOKEN,
+        b_m, b_lp, b_old, b_adv, b_ref, b_w, b_h = load_row_block(
+            logp, old, ref, weight, entropy, adv, mask, row, o_t, m_t, b_adv_row,
+            HAS_OLD, HAS_REF, HAS_WEIGHT, HAS_ENTROPY, ADV_PER_TOKEN,
         )  # fmt: skip
         if SEQ_RATIO:
-            b_lr = tl.full([BLOCK_T], 0.0, tl.float32) + b_seq_lr
+            b_lr = tl.where(b_m, b_seq_lr, 0.0)
         else:
             b_lr = b_lp - b_old
         b_r = tl.exp(b_lr)
-        b_loss, b_d_pg, b_d_kl, b_low, b_high, b_dual, b_w, b_kl = token_terms(
-            b_r, b_adv, b_lp, b_ref, b_log_w, b_h, eps_low, eps_high, dual_clip, beta, entropy_coef, is_cap,
-            HAS_DUAL, HAS_REF, HAS_ROLLOUT, HAS_ENTROPY, KL,
+        b_loss, _, _, b_low, b_high, b_dual, b_kl = token_terms(
+            b_r, b_adv, b_lp, b_ref, b_w, b_h, eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef,
+            tau_pos, tau_neg, PG, HAS_DUAL, HAS_REF, HAS_ENTROPY, KL, HAS_KL_CLIP, KL_BIAS,
         )  # fmt: skip
         b_mf = b_m.to(tl.float32)
         b_acc_loss += tl.where(b_m, b_loss, 0.0)
@@ -74,7 +75,7 @@ def policy_fwd_kernel(logp, old, ref, rollout, entropy, adv, mask, row_loss, sta
         b_acc_alr += tl.where(b_m, tl.abs(b_lr), 0.0)
         b_acc_kl += tl.where(b_m, b_kl, 0.0)
         b_acc_h += b_h
-        b_acc_w += tl.where(b_m, b_w, 0.0)
+        b_acc_w += b_w
     tl.store(row_loss + i_b, tl.sum(b_acc_loss, axis=0))
     p_s = stats + i_b * NUM_STATS
     tl.store(p_s + STAT_TOKENS, tl.sum(b_acc_tok, axis=0))
@@ -88,13 +89,13 @@ def policy_fwd_kernel(logp, old, ref, rollout, entropy, adv, mask, row_loss, sta
     tl.store(p_s + STAT_IS_WEIGHT, tl.sum(b_acc_w, axis=0))
 
 
-def policy_fwd(logp, advantages, mask, old, ref, rollout, entropy, params: PolicyLossParams):
+def policy_fwd(logp, advantages, mask, old, ref, weight, entropy, params: PolicyLossParams):
     """`[B, T]` inputs (advantages `[B]` or `[B, T]`) → row_loss `[B]`, stats `[B, NUM_STATS]`, seq_log_ratio `[B]`.
 
     All float32; the outputs start as NaN, so an element the kernel does not write shows.
     """
     B, T = logp.shape
-    tensors, scalars, flags = launch_args(logp, advantages, mask, old, ref, rollout, entropy, params)
+    tensors, scalars, flags = launch_args(logp, advantages, mask, old, ref, weight, entropy, params)
     dev = logp.device
     row_loss = torch.full((B,), float("nan"), dtype=torch.float32, device=dev)
     stats = torch.full((B, NUM_STATS), float("nan"), dtype=torch.float32, device=dev)

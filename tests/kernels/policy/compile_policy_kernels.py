@@ -22,22 +22,27 @@ from fastrl.kernels.policy.bwd import policy_bwd_kernel  # noqa: E402
 from fastrl.kernels.policy.fwd import policy_fwd_kernel  # noqa: E402
 from fastrl.kernels.policy.params import NUM_STATS, STAT_CONSTEXPRS  # noqa: E402
 
-OPTIONAL = ("old", "ref", "rollout", "entropy")
-FLOATS = ("eps_low", "eps_high", "dual_clip", "beta", "entropy_coef", "is_cap")
+OPTIONAL = ("old", "ref", "weight", "entropy")
+FLOATS = ("eps_low", "eps_high", "dual_clip", "beta", "kl_clip", "entropy_coef", "tau_pos", "tau_neg")
 
 
-def build(kernel, arch, present: bool, seq: bool, per_token: bool, kl: int, logp_dtype: str):
+def build(kernel, arch, present: bool, ratio: int, pg: int, per_token: bool, kl: int, kl_extra: bool, logp_dtype: str):
+    """ratio: 0 token, 1 sequence, 2 sequence-token; pg: 0 clip, 1 SAPO, 2 linear; kl_extra: clamped and × r."""
     jit_fn = kernel.fn
     signature, constexprs, attrs = {}, {}, {}
     flags = dict(
         HAS_OLD=present,
         HAS_REF=present,
-        HAS_ROLLOUT=present,
+        HAS_WEIGHT=present,
         HAS_ENTROPY=present,
-        HAS_DUAL=present,
+        HAS_DUAL=present and pg == 0,
         ADV_PER_TOKEN=per_token,
-        SEQ_RATIO=seq,
+        PG=pg,
+        SEQ_RATIO=ratio != 0,
+        SEQ_GRAD=ratio == 1,
         KL=kl,
+        HAS_KL_CLIP=kl_extra,
+        KL_BIAS=kl_extra,
         NUM_STATS=NUM_STATS,
         **STAT_CONSTEXPRS,
         BLOCK_T=configs.POLICY_MAX_BLOCK_T,
@@ -53,7 +58,7 @@ def build(kernel, arch, present: bool, seq: bool, per_token: bool, kl: int, logp
             signature[name] = "i32"
         elif name == "mask":
             signature[name] = "*u8"
-        elif name in ("logp", "old", "ref", "rollout", "entropy", "d_logp", "d_entropy"):
+        elif name in ("logp", "old", "ref", "entropy", "d_logp", "d_entropy"):
             signature[name] = "*" + logp_dtype
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
@@ -82,15 +87,26 @@ def ptxas_spills(ptx, arch):
     return regs, stores, loads
 
 
+COMBOS = (
+    # every ratio level × policy term × advantage shape, with the heaviest KL (k3, clamped, × r)
+    [(True, r, pg, p, 3, True, "fp32") for r, pg, p in itertools.product((0, 1, 2), (0, 1, 2), (False, True))]
+    # every other KL estimator, plain and clamped × r
+    + [(True, 1, 0, False, k, x, "fp32") for k, x in itertools.product((1, 2, 4, 5, 6), (False, True))]
+    + [(False, 0, 0, False, 3, False, "fp32"), (False, 1, 0, False, 3, False, "fp32")]
+    + [(True, 1, 1, True, 3, True, "bf16")]
+)
+SM80 = COMBOS[-3:]
+
+
 def main():
-    combos = [(True, s, p, k, "fp32") for s, p, k in itertools.product((False, True), (False, True), (1, 2, 3))]
-    combos += [(False, False, False, 3, "fp32"), (False, True, False, 3, "fp32"), (True, True, True, 3, "bf16")]
+    print(json.dumps(dict(expected=2 * (len(COMBOS) + len(SM80)))), flush=True)
     for kname, kernel in (("policy_fwd", policy_fwd_kernel), ("policy_bwd", policy_bwd_kernel)):
-        for arch, arch_combos in ((90, combos), (80, combos[-3:])):
-            for present, seq, per_token, kl, dt in arch_combos:
-                ptx = build(kernel, arch, present, seq, per_token, kl, dt).asm["ptx"]
+        for arch, arch_combos in ((90, COMBOS), (80, SM80)):
+            for present, ratio, pg, per_token, kl, kl_extra, dt in arch_combos:
+                ptx = build(kernel, arch, present, ratio, pg, per_token, kl, kl_extra, dt).asm["ptx"]
                 regs, st, ld = ptxas_spills(ptx, arch)
-                row = dict(kernel=kname, arch=arch, optional=present, seq=seq, per_token=per_token, kl=kl, dtype=dt)
+                row = dict(kernel=kname, arch=arch, optional=present, ratio=ratio, pg=pg, per_token=per_token, kl=kl,
+                           kl_extra=kl_extra, dtype=dt)  # fmt: skip
                 print(json.dumps(dict(row, registers=regs, spill_stores=st, spill_loads=ld)), flush=True)
 
 

@@ -19,11 +19,13 @@ def builds():
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    head, *rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return head["expected"], rows
 
 
 def test_every_variant_compiles_without_spills(builds):
-    assert len(builds) == 2 * (15 + 3)
+    expected, builds = builds
+    assert len(builds) == expected > 60
     assert {b["kernel"] for b in builds} == {"policy_fwd", "policy_bwd"}
     for b in builds:
         assert b["spill_stores"] == 0 and b["spill_loads"] == 0, b

@@ -15,8 +15,9 @@ from fastrl.kernels.policy.fwd import policy_fwd_kernel
 from fastrl.kernels.policy.params import STAT_CONSTEXPRS
 
 ALL_ON = PolicyLossParams(
-    eps_low=0.2, eps_high=0.28, dual_clip=1.5, beta=0.05, kl="k3", entropy_coef=0.01, is_cap=1.2, seq_ratio=False
-)
+    eps_low=0.2, eps_high=0.28, dual_clip=1.5, beta=0.05, kl="k3", kl_clip=None, kl_bias_correction=False,
+    entropy_coef=0.01, pg="clip", sapo_tau_pos=1.0, sapo_tau_neg=1.05, ratio_level="token",
+)  # fmt: skip
 
 
 def make_rows(B, T, seed, per_token_adv):
@@ -24,27 +25,44 @@ def make_rows(B, T, seed, per_token_adv):
     logp = -torch.rand(B, T, generator=g) * 3
     old = logp + 0.5 * torch.randn(B, T, generator=g)
     ref = logp + 0.3 * torch.randn(B, T, generator=g)
-    rollout = old + 0.3 * torch.randn(B, T, generator=g)
+    weight = torch.exp(0.3 * torch.randn(B, T, generator=g)).clamp(max=1.2)  # a truncated IS weight
     entropy = torch.rand(B, T, generator=g) * 2
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     lengths[0] = 0
     mask = torch.arange(T)[None, :] < lengths[:, None]
     adv = torch.randn((B, T) if per_token_adv else (B,), generator=g)
-    return logp, adv, mask, old, ref, rollout, entropy
+    return logp, adv, mask, old, ref, weight, entropy
 
 
 def run(impl, rows, params):
-    logp, adv, mask, old, ref, rollout, entropy = rows
+    logp, adv, mask, old, ref, weight, entropy = rows
     logp, entropy = logp.clone().requires_grad_(True), entropy.clone().requires_grad_(True)
-    row_loss, stats = policy_rows(logp, adv, mask, old, ref, rollout, entropy, params, impl=impl)
+    row_loss, stats = policy_rows(logp, adv, mask, old, ref, weight, entropy, params, impl=impl)
     (row_loss * torch.linspace(0.5, 1.5, row_loss.shape[0])).sum().backward()
     return row_loss.detach(), stats, logp.grad, entropy.grad
 
 
 CASES = [
     pytest.param(ALL_ON, 5, 37, False, id="token-B5-T37-adv_row"),
-    pytest.param(dataclasses.replace(ALL_ON, seq_ratio=True), 5, 37, True, id="sequence-B5-T37-adv_token"),
+    pytest.param(dataclasses.replace(ALL_ON, ratio_level="sequence"), 5, 37, True, id="sequence-B5-T37-adv_token"),
     pytest.param(dataclasses.replace(ALL_ON, kl="k2", dual_clip=None), 3, 64, True, id="token-k2-nodual-B3-T64"),
+    pytest.param(
+        dataclasses.replace(ALL_ON, ratio_level="sequence-token", kl="k3+", kl_clip=2.0, kl_bias_correction=True),
+        5,
+        37,
+        True,
+        id="sequence_token-k3plus-clip-bias-B5-T37",
+    ),  # fmt: skip
+    pytest.param(
+        dataclasses.replace(
+            ALL_ON, pg="sapo", dual_clip=None, kl="abs", kl_bias_correction=True, ratio_level="sequence"
+        ),
+        4,
+        33,
+        False,
+        id="sapo-abs-bias-sequence-B4-T33",
+    ),  # fmt: skip
+    pytest.param(dataclasses.replace(ALL_ON, pg="linear", dual_clip=None, kl="k1+"), 4, 33, True, id="linear-k1plus"),
 ]
 
 
@@ -60,7 +78,7 @@ def test_triton_stats_columns_equal_torch_by_name(params, B, T, per_token, max_b
     for i, name in enumerate(STATS):
         torch.testing.assert_close(stats_k[:, i], stats_t[:, i], rtol=1e-5, atol=1e-6, msg=name)
     # the batch binds every clip on the token path, so the clip columns are not trivially 0 == 0
-    if not params.seq_ratio:
+    if params.ratio_level == "token" and params.pg == "clip":
         for name in ("clip_low", "clip_high"):
             assert stats_t[:, STATS.index(name)].sum() > 0, name
     torch.testing.assert_close(loss_k, loss_t, rtol=1e-5, atol=1e-6)
@@ -75,9 +93,13 @@ def test_stat_indices_come_from_stats_and_are_all_stored_by_the_kernel():
     assert kernel_stats == set(STAT_CONSTEXPRS)
 
 
-def test_unknown_kl_estimator_is_rejected():
+def test_unknown_kl_estimator_policy_term_and_ratio_level_are_rejected():
     with pytest.raises(ValueError, match="'k4'"):
         dataclasses.replace(ALL_ON, kl="k4")
+    with pytest.raises(ValueError, match="'ppo'"):
+        dataclasses.replace(ALL_ON, pg="ppo")
+    with pytest.raises(ValueError, match="'seq'"):
+        dataclasses.replace(ALL_ON, ratio_level="seq")
 
 
 def test_unknown_impl_is_rejected_naming_it():
