@@ -19,7 +19,7 @@ pillow==13.0.0"
 HASH=$(printf '%s' "$REQS" | sha256sum | cut -c1-12)
 VENV="${FASTRL_CACHE:-$HOME/.cache/fastrl}/venv-verl-$HASH"
 PY="$VENV/bin/python"
-CHECK="import verl.trainer.ppo.core_algos, verl.trainer.ppo.rollout_corr_helper, verl.workers.utils.losses"
+CHECK="import verl.trainer.ppo.core_algos, verl.trainer.ppo.rollout_corr_helper, verl.workers.utils.losses, verl.models.transformers.monkey_patch"
 if ! "$PY" -c "$CHECK" >/dev/null 2>&1; then
   rm -rf "$VENV"
   python3 -m venv "$VENV"

@@ -23,9 +23,26 @@ import torch
 from verl.trainer.ppo.core_algos import register_policy_loss
 
 from fastrl.kernels import token_logprobs
-from fastrl.losses import LossConfig, lm_body_and_head, policy_loss
+from fastrl.losses import LossConfig, lm_body_and_head, policy_loss, verl_normalizer
 
-__all__ = ["VERL_FORWARDS", "fastrl_policy_loss", "forward_with_fastrl_backend", "use_fastrl_backend"]
+__all__ = [
+    "VERL_FORWARDS",
+    "fastrl_policy_loss",
+    "forward_with_fastrl_backend",
+    "policy_term_config",
+    "use_fastrl_backend",
+]
+
+
+# the actor fields of verl's "vanilla" policy term; verl adds the KL and entropy terms outside it
+_POLICY_FIELDS = (
+    "clip_ratio",
+    "clip_ratio_low",
+    "clip_ratio_high",
+    "clip_ratio_c",
+    "loss_agg_mode",
+    "loss_scale_factor",
+)
 
 
 def _get(config, name, default=None):
@@ -33,29 +50,11 @@ def _get(config, name, default=None):
     return default if value is None else value
 
 
-def _config_and_normalizer(config, loss_agg_mode: str, mask: torch.Tensor):
-    """The `LossConfig` and normalizer that reproduce verl's `agg_loss` for this micro-batch."""
-    clip = _get(config, "clip_ratio", 0.2)
-    info = dict(_get(config, "global_batch_info", {}))
-    dp = info.get("dp_size") or 1
-    fields = dict(
-        eps_low=_get(config, "clip_ratio_low", clip), eps_high=_get(config, "clip_ratio_high", clip),
-        dual_clip=_get(config, "clip_ratio_c", 3.0),
-    )  # fmt: skip
-    if loss_agg_mode in ("token-mean", "token-sum"):
-        tokens = info.get("batch_num_tokens")
-        # token-sum is the token sum times dp_size: token-mean over a count of 1 / dp_size
-        count = 1 if loss_agg_mode == "token-sum" else (mask.sum() if tokens is None else tokens)
-        return LossConfig(loss_agg="token-mean", **fields), count / dp
-    # the seq-mean modes count only sequences with a live token (verl's seq_mask)
-    batch = info.get("global_batch_size")
-    count = (mask.sum(-1) > 0).sum() if batch is None else batch
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        scale = info.get("loss_scale_factor") or mask.shape[-1]
-        return LossConfig(loss_agg=loss_agg_mode, max_completion_length=int(scale), **fields), count / dp
-    if loss_agg_mode not in ("seq-mean-token-mean", "seq-mean-token-sum"):
-        raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not one of verl's aggregation modes")
-    return LossConfig(loss_agg=loss_agg_mode, **fields), count / dp
+def policy_term_config(actor, loss_agg_mode: str) -> LossConfig:
+    """`LossConfig.from_verl` of verl's "vanilla" policy term for this actor config (no KL, no entropy)."""
+    fields = {name: _get(actor, name) for name in _POLICY_FIELDS}
+    fields.update(loss_agg_mode=loss_agg_mode, policy_loss={"loss_mode": "vanilla"})
+    return LossConfig.from_verl({k: v for k, v in fields.items() if v is not None})
 
 
 @register_policy_loss("fastrl")
@@ -72,7 +71,12 @@ def fastrl_policy_loss(
     "actor/pg_clipfrac_lower"}), with verl's metric definitions."""
     if config is None:
         raise ValueError("fastrl_policy_loss needs verl's actor config (clip_ratio, global_batch_info, ...)")
-    loss_config, normalizer = _config_and_normalizer(config, loss_agg_mode, response_mask)
+    loss_config = policy_term_config(config, loss_agg_mode)
+    info = dict(_get(config, "global_batch_info", {}))
+    normalizer = verl_normalizer(
+        loss_config, dp_size=int(info.get("dp_size") or 1), batch_num_tokens=info.get("batch_num_tokens"),
+        global_batch_size=info.get("global_batch_size"),
+    )  # fmt: skip
     pg_advantages = advantages if rollout_is_weights is None else advantages * rollout_is_weights
     out = policy_loss(
         log_prob, pg_advantages, response_mask, old_logprobs=old_log_prob, config=loss_config, normalizer=normalizer

@@ -50,6 +50,10 @@ FP32_CASES = [
         dict(loss_type="bnpo", delta=1.5, epsilon_high=0.28, entropy_coef=0.01, top_entropy_quantile=0.5),
         id="bnpo-delta-entropy",
     ),
+    pytest.param(dict(loss_type="cispo", epsilon_high=1.1), id="cispo"),
+    pytest.param(dict(loss_type="sapo"), id="sapo"),
+    pytest.param(dict(loss_type="vespo"), id="vespo"),
+    pytest.param(dict(loss_type="dapo", off_policy_mask_threshold=0.0), id="dapo-off-policy-mask"),
 ]
 
 
@@ -72,7 +76,7 @@ def test_matches_grpo_trainer_with_reference_model(tmp_path):
     # TRL builds the reference model from the policy's path, so this run loads the tiny model from disk.
     base = h.model()
     base.save_pretrained(tmp_path / "model")
-    overrides = dict(optim="sgd", loss_type="grpo", beta=0.1, use_bias_correction_kl=False)
+    overrides = dict(optim="sgd", loss_type="grpo", beta=0.1)  # TRL's default use_bias_correction_kl=True
     stock = h.run(GRPOTrainer, h.config(tmp_path / "a", **overrides), str(tmp_path / "model"))
     ours = h.run(FastRLGRPOTrainer, h.config(tmp_path / "b", **overrides), str(tmp_path / "model"))
     assert "kl" in stock[0][0]
@@ -121,10 +125,7 @@ def test_every_grpo_config_field_has_a_treatment():
 @pytest.mark.parametrize(
     "overrides, named",
     [
-        (dict(loss_type="cispo"), "loss_type='cispo'"),
-        (dict(loss_type="sapo"), "loss_type='sapo'"),
-        (dict(loss_type="vespo"), "loss_type='vespo'"),
-        (dict(beta=0.04), "use_bias_correction_kl=True"),
+        (dict(use_adaptive_entropy=True), "use_adaptive_entropy=True"),
         (dict(delta=1.1, epsilon_high=0.2), "delta=1.1"),
         (dict(router_aux_loss_coef=0.01), "router_aux_loss_coef=0.01"),
     ],

@@ -8,7 +8,7 @@ field.
 """
 
 from .head import add_fastrl_lm_head
-from .options import FIELDS, check_args, loss_config
+from .options import FIELDS, check_args
 from .trainer import FastRLGRPOTrainer, use_fastrl
 
-__all__ = ["FIELDS", "FastRLGRPOTrainer", "add_fastrl_lm_head", "check_args", "loss_config", "use_fastrl"]
+__all__ = ["FIELDS", "FastRLGRPOTrainer", "add_fastrl_lm_head", "check_args", "use_fastrl"]

@@ -8,6 +8,8 @@ Each field `GRPOConfig` adds to `transformers.TrainingArguments` is in `FIELDS`,
     "refused" the integration raises at construction when the field asks for something fastrl does not
               compute, naming the field (`check_args`); at its default it is inert
 
+`LossConfig.from_trl` reads the "fastrl" fields and raises for the settings it does not reproduce.
+
 `TrainingArguments` fields go to `transformers.Trainer` unchanged, except `bf16` / `fp16`, whose autocast
 dtype the head honours as TRL's kernel does. A field missing from `FIELDS` (a newer TRL) is refused, so no
 option is ignored silently.
@@ -17,25 +19,18 @@ import dataclasses
 
 from fastrl.losses import LossConfig
 
-__all__ = ["FIELDS", "LOSS_TYPES", "check_args", "check_model", "loss_config"]
-
-# TRL loss_type -> the docs/math.md §3 aggregation; the normalizer is chosen per type in the trainer.
-LOSS_TYPES = {
-    "grpo": "seq-mean-token-mean",
-    "bnpo": "token-mean",
-    "dapo": "token-mean",
-    "dr_grpo": "seq-mean-token-sum-norm",
-    "luspo": "seq-mean-token-sum",
-}
+__all__ = ["FIELDS", "check_args", "check_model"]
 
 _FASTRL = (
     "loss_type epsilon epsilon_high delta beta use_bias_correction_kl importance_sampling_level temperature "
-    "max_completion_length top_entropy_quantile entropy_coef use_adaptive_entropy entropy_coef_min "
-    "entropy_coef_max entropy_coef_delta entropy_target off_policy_mask_threshold cast_lm_head_to_fp32"
+    "max_completion_length top_entropy_quantile entropy_coef off_policy_mask_threshold cast_lm_head_to_fp32 "
+    "sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg "
+    "vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max "
+    "vllm_importance_sampling_clip_min"
 )
+# refused when set: use_adaptive_entropy=True (the entropy_coef_* fields only act with it), an MoE aux loss
 _REFUSED = (
-    "router_aux_loss_coef sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg "
-    "vespo_lambda_neg"
+    "router_aux_loss_coef use_adaptive_entropy entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target"
 )
 _TRL = (
     "model_init_kwargs trust_remote_code disable_dropout num_generations num_generations_eval "
@@ -45,10 +40,9 @@ _TRL = (
     "vllm_server_host vllm_server_port vllm_server_timeout vllm_group_port vllm_gpu_memory_utilization "
     "vllm_max_model_length vllm_tensor_parallel_size num_iterations reward_weights multi_objective_aggregation "
     "scale_rewards mask_truncated_completions sync_ref_model ref_model_mixup_alpha ref_model_sync_steps "
-    "max_tool_calling_iterations vllm_importance_sampling_correction vllm_importance_sampling_mode "
-    "vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min vllm_importance_sampling_cap "
-    "log_completions log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo "
-    "use_transformers_continuous_batching transformers_continuous_batching_config use_transformers_paged"
+    "max_tool_calling_iterations vllm_importance_sampling_cap log_completions log_multimodal "
+    "num_completions_to_print log_unique_prompts log_completions_hub_repo use_transformers_continuous_batching "
+    "transformers_continuous_batching_config use_transformers_paged"
 )
 FIELDS = {
     **{name: "fastrl" for name in _FASTRL.split()},
@@ -64,27 +58,17 @@ def _own_fields(args) -> list[str]:
     return [f.name for f in dataclasses.fields(args) if f.name not in base]
 
 
-def check_args(args) -> None:
-    """Raise ValueError naming the first `GRPOConfig` option fastrl cannot honour exactly."""
+def check_args(args) -> LossConfig:
+    """The `LossConfig` of TRL's loss for `args` (`LossConfig.from_trl`), or a ValueError naming every
+    `GRPOConfig` option fastrl cannot honour exactly."""
     unknown = [name for name in _own_fields(args) if name not in FIELDS]
     if unknown:
         raise ValueError(f"GRPOConfig field(s) {unknown} are not known to FastRLGRPOTrainer; refusing to ignore them")
-    if args.loss_type not in LOSS_TYPES:
-        raise ValueError(
-            f"loss_type={args.loss_type!r} is not supported by FastRLGRPOTrainer (supported: {tuple(LOSS_TYPES)})"
-        )
-    if args.beta != 0.0 and args.use_bias_correction_kl:
-        raise ValueError(
-            f"beta={args.beta} with use_bias_correction_kl=True (the KL multiplied by the ratio) is not supported; "
-            "set use_bias_correction_kl=False or beta=0.0"
-        )
-    eps_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
-    if args.delta is not None and not args.delta > 1 + eps_high:
-        raise ValueError(f"delta={args.delta} must be > 1 + epsilon_high = {1 + eps_high} (fastrl's dual clip)")
     if args.router_aux_loss_coef:
         raise ValueError(
             f"router_aux_loss_coef={args.router_aux_loss_coef}: the MoE load-balancing loss is not supported"
         )
+    return LossConfig.from_trl(args)
 
 
 def check_model(model) -> None:
@@ -96,24 +80,3 @@ def check_model(model) -> None:
             f"{text_config.router_aux_loss_coef}: its load-balancing loss is not supported (set the config's "
             "router_aux_loss_coef, or GRPOConfig.router_aux_loss_coef, to 0.0)"
         )
-
-
-def loss_config(args) -> LossConfig:
-    """The `LossConfig` of the per-token policy loss TRL's `_compute_loss` applies for `args`.
-
-    The entropy bonus is not in it: TRL averages it over tokens whatever `loss_type` does, so the trainer
-    adds it outside the policy loss.
-    """
-    check_args(args)
-    eps_high = args.epsilon if args.epsilon_high is None else args.epsilon_high
-    return LossConfig(
-        loss_agg=LOSS_TYPES[args.loss_type],
-        eps_low=args.epsilon,
-        eps_high=eps_high,
-        dual_clip=args.delta,
-        beta=args.beta,
-        kl="k3",
-        temperature=args.temperature,
-        ratio_level=args.importance_sampling_level,
-        max_completion_length=args.max_completion_length,
-    )
