@@ -23,12 +23,13 @@ def wants_fused(hidden, weight, bias, config: LossConfig, old=None, rollout=None
 
     Left to the recompute path: a sequence-level ratio (GSPO, GSPO-token); policy weights that read the
     current log-probs (CISPO's clipped ratio, VESPO's sequence weight, the off-policy sequence mask, and an IS
-    weight whose base is the current policy because old_logprobs is None); the batch entropy quantile; and
+    weight whose base is the current policy because old_logprobs is None); rejection sampling, which changes
+    the mask; the batch entropy quantile; and
     an entropy bonus aggregated apart from the loss.
     """
     if config.ratio_level != "token" or not torch.is_grad_enabled():
         return False
-    if config.pg_loss not in ("clip", "sapo", "gpg") or config.off_policy_mask is not None:
+    if config.pg_loss not in ("clip", "sapo", "gpg") or config.off_policy_mask is not None or config.rejection:
         return False
     if config.top_entropy_quantile < 1 or (config.entropy_agg != "loss" and config.entropy_coef != 0):
         return False
