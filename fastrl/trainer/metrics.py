@@ -94,8 +94,8 @@ def progress_line(record: dict, max_steps: int) -> str:
         ("reward_correct_mean", "correct", ".3f"),
         ("reward_mean", "reward", ".3f"),
         ("loss", "loss", ".4g"),
-        ("kl", "kl", ".3g"),
-        ("entropy", "entropy", ".3f"),
+        ("kl_mean", "kl", ".3g"),
+        ("entropy_mean", "entropy", ".3f"),
         ("tokens_per_s", "tok/s", ".0f"),
         ("elapsed_s", "elapsed_s", ".1f"),
     ):

@@ -11,12 +11,12 @@ import numbers
 import types
 import typing
 
+from fastrl.kernels.logprobs.params import MIN_TEMPERATURE  # the log-prob op's floor (float32 logits)
+
 __all__ = ["ConfigError", "MIN_TEMPERATURE", "RULES", "check_fields", "check_value", "coerce", "parse_reward_spec"]
 
 BUILTIN_REWARDS = ("accuracy", "format")  # names of `config.rewards`; anything else is module:function
 DEVICES = ("auto", "cpu", "cuda")
-# Logits are divided by the temperature in float32: below this they overflow to inf (then NaN).
-MIN_TEMPERATURE = 1e-6
 
 
 class ConfigError(ValueError):

@@ -173,3 +173,23 @@ def test_custom_reward_from_a_module(tmp_path):
     # --no-progress: one line per --log-every steps, as the run goes
     logged = [line for line in proc.stderr.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in logged] == ["1/2", "2/2"], proc.stderr[-2000:]
+
+
+def test_custom_reward_through_the_python_api(tmp_path):
+    from fastrl.trainer.config import make_config
+    from fastrl.trainer.metrics import read_metrics
+    from fastrl.trainer.trainer import train
+
+    def short(completion: str, gold: str) -> float:
+        return -len(completion) / 100
+
+    cfg = make_config("tiny", output_dir=str(tmp_path), max_steps=2, warmup_sft_steps=0, prompts_per_step=2,
+                      group_size=2, max_completion_length=4, progress=False, log_every=0)  # fmt: skip
+    train(cfg, rewards=["accuracy:1.0", ("short", short, 0.5)])
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(
+        r["reward_short_mean"] <= 0 and "reward_accuracy_mean" in r and "reward_format_mean" not in r for r in rows
+    )
+    with pytest.raises(ValueError, match="rewards"):
+        train(make_config("tiny", output_dir=str(tmp_path / "x")), rewards=[("short", "not callable", 1.0)])
