@@ -10,7 +10,7 @@ from .params import MIN_TEMPERATURE, LogprobParams
 __all__ = ["token_logprobs"]
 
 
-def _check_inputs(hidden, weight, targets, bias, temperature) -> None:
+def _check_inputs(hidden, weight, targets, bias, temperature, sharded: bool = False) -> None:
     """Raise TypeError/ValueError naming the bad value; see `token_logprobs` for the contract."""
     for name, t in (("hidden", hidden), ("weight", weight), ("targets", targets)):
         if not isinstance(t, torch.Tensor):
@@ -19,7 +19,7 @@ def _check_inputs(hidden, weight, targets, bias, temperature) -> None:
         raise TypeError(f"hidden must be a floating tensor, got dtype {hidden.dtype}")
     if weight.dim() != 2:
         raise ValueError(f"weight must be [V, D], got shape {tuple(weight.shape)}")
-    if weight.shape[0] == 0:
+    if weight.shape[0] == 0 and not sharded:  # a vocab-parallel rank may hold no rows; the whole head may not
         raise ValueError(f"weight must hold at least one token (V >= 1), got shape {tuple(weight.shape)}")
     if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
         raise ValueError(
@@ -114,7 +114,7 @@ def token_logprobs(
             "weight is a DTensor: pass process_group= for a vocab-parallel call (hidden and targets identical on "
             "every rank), or gather it into a plain tensor first"
         )
-    _check_inputs(hidden, weight, targets, bias, temperature)
+    _check_inputs(hidden, weight, targets, bias, temperature, sharded=process_group is not None)
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
     ignore_index = int(ignore_index)
@@ -128,6 +128,8 @@ def token_logprobs(
         from .vocab_parallel import shard_layout
 
         first_row, vocab = shard_layout(weight.shape[0], process_group, hidden.device)
+        if vocab == 0:
+            raise ValueError("weight must hold at least one token (V >= 1) over the ranks of process_group, got 0")
     _check_targets_range(targets, vocab, ignore_index)
     if wide_ignore:
         # The kernels compare targets in int32: move an ignore_index beyond that range to -1, which the

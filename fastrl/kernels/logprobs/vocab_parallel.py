@@ -143,8 +143,10 @@ class VocabParallelLogprobFunction(torch.autograd.Function):
             )  # fmt: skip
         else:
             with no_autocast(hidden):
+                # the chunked backward takes the forward's (row max, log-sum) pair; the global lse is whole
+                lse_pair = (lse, torch.zeros_like(lse))
                 d_hidden, d_weight, d_bias = chunked_backward(
-                    hidden, weight, loc, bias, lse, entropy, grad_logp, grad_entropy, ctx.params,
+                    hidden, weight, loc, bias, lse_pair, entropy, grad_logp, grad_entropy, ctx.params,
                     (need_h, need_w, False, need_b),
                 )  # fmt: skip
         if need_h:
