@@ -1,4 +1,4 @@
-"""`grpo_loss` with its gradient formed in the forward pass (docs/math.md §6): the loss side of the glue.
+"""`grpo_loss` with its gradient formed in the forward pass (docs/math.md §7): the loss side of the glue.
 
 Taken for a token-level ratio when a gradient is wanted. The loss value and the metrics are those of
 `policy_loss` on the log-probs of the same pass (so they equal the two-pass path's); the gradients of

@@ -43,7 +43,7 @@ def grpo_loss(
     autograd does.
 
     With a token-level ratio and a gradient to form, the gradients are formed in this call's single
-    pass over the vocabulary (docs/math.md §6; 6·N·D·V FLOPs, no recompute) and held until backward: a
+    pass over the vocabulary (docs/math.md §7; 6·N·D·V FLOPs, no recompute) and held until backward: a
     `[V, D]` weight gradient lives from this call to `.backward()`, which may run once. Under no_grad,
     for frozen inputs and for GSPO (sequence ratio), the log-probs are computed without any gradient
     work and, when a gradient is wanted, the backward recomputes the logit tiles.

@@ -1,4 +1,4 @@
-"""grpo_loss's gradient-in-forward path (docs/math.md §6): oracle, the two-pass path, additivity, edge cases."""
+"""grpo_loss's gradient-in-forward path (docs/math.md §7): oracle, the two-pass path, additivity, edge cases."""
 
 import pytest
 import torch
@@ -276,3 +276,35 @@ def test_bad_per_token_temperature_raises(tau, match):
     h, w, b = _leaves(x, torch.float32)
     with pytest.raises((ValueError, TypeError), match=match):
         grpo_loss(h, w, x["targets"], x["mask"], x["adv"].float(), bias=b, impl="torch", temperature=tau)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_token_logprobs_per_token_temperature_matches_float64(impl):
+    x = make_inputs(B=2, T=5, D=16, V=37, seed=6)
+    tau = x["tau"]
+    live = torch.where(x["mask"], x["targets"], -100)
+    h64, w64 = (x[k].clone().requires_grad_() for k in ("hidden", "weight"))
+    lp64, ent64 = oracle_logprobs(h64, w64, live, None, tau.unsqueeze(-1), True)
+    up = torch.randn(2, 5, dtype=torch.float64)
+    grads64 = torch.autograd.grad((lp64 * up).sum() + (ent64 * up).sum(), (h64, w64))
+    h, w = (x[k].float().requires_grad_() for k in ("hidden", "weight"))
+    lp, ent = token_logprobs(h, w, live, temperature=tau.float(), return_entropy=True, impl=impl)
+    torch.testing.assert_close(lp.double(), lp64, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ent.double(), ent64, rtol=1e-5, atol=1e-6)
+    for got, want in zip(torch.autograd.grad((lp * up.float()).sum() + (ent * up.float()).sum(), (h, w)), grads64):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="without a bias"):
+        token_logprobs(h, w, live, bias=torch.zeros(37), temperature=tau.float(), impl=impl)
+
+
+def test_sequence_ratio_takes_a_per_token_temperature_through_the_two_pass_path(fused_calls):
+    cfg = LossConfig(ratio_level="sequence", beta=0.04)
+    x = make_inputs()
+    kw, adv = _kwargs(x, cfg)
+    loss64, grads64, _ = _oracle(dict(x, bias=torch.zeros_like(x["bias"])), cfg, x["tau"].unsqueeze(-1))
+    h, w = (x[k].float().requires_grad_() for k in ("hidden", "weight"))
+    out = grpo_loss(h, w, x["targets"], x["mask"], adv, temperature=x["tau"].float(), impl="torch", **kw)
+    assert not fused_calls
+    torch.testing.assert_close(out.loss.double(), loss64, rtol=1e-5, atol=1e-6)
+    for got, want in zip(torch.autograd.grad(out.loss, (h, w)), grads64[:2]):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6)

@@ -1,5 +1,5 @@
 """grpo_loss with the added loss terms equals the two-pass composition token_logprobs -> policy_loss, whichever
-path (gradient-in-forward or recompute) its routing picks for them (docs/math.md §2, §6)."""
+path (gradient-in-forward or recompute) its routing picks for them (docs/math.md §2, §7)."""
 
 import pytest
 import torch

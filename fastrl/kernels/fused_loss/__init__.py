@@ -1,4 +1,4 @@
-"""The GRPO/PPO loss with its gradient formed in the forward pass (docs/math.md §6).
+"""The GRPO/PPO loss with its gradient formed in the forward pass (docs/math.md §7).
 
 params.py    FusedLossParams
 chunked.py   the walk over token chunks: logit GEMM, fold, ∂z, d_hidden / d_weight GEMMs
@@ -8,7 +8,7 @@ function.py  the autograd Function whose backward scales the stored gradients
 api.py       `fused_logprob_grads`: input checks and the entry point
 """
 
-from .api import check_temperature, fused_logprob_grads, policy_loss_grads
+from .api import fused_logprob_grads, policy_loss_grads
 from .chunked import fused_forward, fused_rows
 from .function import attach_gradients
 from .params import FusedLossParams
@@ -18,7 +18,6 @@ __all__ = [
     "FusedLossParams",
     "PolicyTokens",
     "attach_gradients",
-    "check_temperature",
     "fused_forward",
     "fused_logprob_grads",
     "fused_rows",

@@ -1,7 +1,7 @@
 """Entry points of the gradient-in-forward op: log-probs and the gradients of a per-token loss, one pass.
 
 `fused_logprob_grads` takes any per-token loss (a `token_grad` callback); `policy_loss_grads` is it for
-the policy loss of docs/math.md §2 (§6 describes the pass).
+the policy loss of docs/math.md §2 (§7 describes the pass).
 """
 
 import numbers
@@ -9,29 +9,14 @@ import numbers
 import torch
 
 from ..dispatch import resolve_impl
-from ..logprobs.api import _check_inputs, _check_targets_range
+from ..logprobs.api import _check_inputs, _check_targets_range, check_temperature
 from ..logprobs.chunked import no_autocast
 from ..policy import PolicyLossParams
 from .chunked import fused_forward
 from .params import FusedLossParams
 from .tokens import PolicyTokens
 
-__all__ = ["check_temperature", "fused_logprob_grads", "policy_loss_grads"]
-
-
-def check_temperature(temperature, shape: tuple, device: torch.device):
-    """A float > 0, or a floating tensor of `shape` on `device` whose entries are finite and > 0."""
-    if not isinstance(temperature, torch.Tensor):
-        return
-    if not temperature.is_floating_point():
-        raise TypeError(f"a temperature tensor must be floating, got dtype {temperature.dtype}")
-    if tuple(temperature.shape) != tuple(shape):
-        raise ValueError(f"a temperature tensor must have shape {tuple(shape)}, got {tuple(temperature.shape)}")
-    if temperature.device != device:
-        raise ValueError(f"a temperature tensor must be on {device}, got {temperature.device}")
-    bad = ~(temperature.isfinite() & (temperature > 0))
-    if temperature.numel() and bool(bad.any()):
-        raise ValueError(f"temperature must be finite and > 0 everywhere, found {float(temperature[bad][0])}")
+__all__ = ["fused_logprob_grads", "policy_loss_grads"]
 
 
 def fused_logprob_grads(
@@ -62,7 +47,8 @@ def fused_logprob_grads(
     """
     per_token = isinstance(temperature, torch.Tensor)
     _check_inputs(hidden, weight, targets, bias, 1.0 if per_token else temperature)
-    check_temperature(temperature, targets.shape, hidden.device)
+    if per_token:
+        check_temperature(temperature, targets.shape, hidden.device)
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
     impl = resolve_impl(impl, hidden.device)

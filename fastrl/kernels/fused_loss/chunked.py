@@ -1,4 +1,4 @@
-"""One walk over the tokens that yields the loss and every gradient (docs/math.md §6).
+"""One walk over the tokens that yields the loss and every gradient (docs/math.md §7).
 
 Per chunk of C live tokens: the `[C, V]` float32 logit tile (one GEMM), its fold into lse, logp and
 entropy, the per-token loss derivatives ∂ℓ/∂logp and ∂ℓ/∂H from the policy op, ∂ℓ/∂z formed in the
@@ -24,11 +24,14 @@ def fused_rows(vocab: int, device: torch.device) -> int:
     """Tokens per chunk so that one float32 `[rows, vocab]` tile is about FASTRL_CHUNK_BYTES.
 
     The default is 32 MiB on CPU (the tile stays near the last-level cache) and 2 GiB on a GPU (large
-    GEMMs; the `[V, D]` float32 d_weight is read and written once per chunk).
+    GEMMs; the `[V, D]` float32 d_weight is read and written once per chunk), and never under 256 rows.
     """
     default = _CPU_CHUNK_BYTES if device.type == "cpu" else _GPU_CHUNK_BYTES
-    budget = int(os.environ.get("FASTRL_CHUNK_BYTES", default))
-    rows = max(16, budget // (4 * vocab))
+    budget = os.environ.get("FASTRL_CHUNK_BYTES")
+    # Without an explicit budget, at least 256 rows: each chunk reads and writes the whole `[V, D]` float32
+    # d_weight, so its GEMM needs an inner dim of a few hundred to stay compute-bound (at V = 152k, 32 MiB
+    # would give 55 rows, and the d_weight traffic would dominate).
+    rows = max(16, int(budget) // (4 * vocab)) if budget else max(256, default // (4 * vocab))
     return rows if device.type == "cpu" or rows < 256 else rows // 128 * 128
 
 

@@ -7,7 +7,20 @@ import torch
 from ..dispatch import resolve_impl, token_logprobs_impl
 from .params import MIN_TEMPERATURE, LogprobParams
 
-__all__ = ["token_logprobs"]
+__all__ = ["check_temperature", "token_logprobs"]
+
+
+def check_temperature(temperature, shape: tuple, device: torch.device) -> None:
+    """A per-token temperature: a floating tensor of `shape` on `device`, finite and > 0 everywhere."""
+    if not temperature.is_floating_point():
+        raise TypeError(f"a temperature tensor must be floating, got dtype {temperature.dtype}")
+    if tuple(temperature.shape) != tuple(shape):
+        raise ValueError(f"a temperature tensor must have shape {tuple(shape)}, got {tuple(temperature.shape)}")
+    if temperature.device != device:
+        raise ValueError(f"a temperature tensor must be on {device}, got {temperature.device}")
+    bad = ~(temperature.isfinite() & (temperature > 0))
+    if temperature.numel() and bool(bad.any()):
+        raise ValueError(f"temperature must be finite and > 0 everywhere, found {float(temperature[bad][0])}")
 
 
 def _check_inputs(hidden, weight, targets, bias, temperature, sharded: bool = False) -> None:
@@ -72,7 +85,7 @@ def token_logprobs(
     targets: torch.Tensor,
     *,
     bias: torch.Tensor | None = None,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,
     ignore_index: int = -100,
     return_entropy: bool = False,
     impl: str = "auto",
@@ -87,7 +100,8 @@ def token_logprobs(
         weight: `[V, D]` LM-head weight, same dtype and device as hidden.
         targets: `[...]` integer token ids (hidden's leading shape); `ignore_index` rows give 0.
         bias: optional `[V]` LM-head bias.
-        temperature: logits are divided by it; must be >= 1e-6 (`MIN_TEMPERATURE`).
+        temperature: logits are divided by it: a float >= 1e-6 (`MIN_TEMPERATURE`), or a tensor of targets'
+            shape (one temperature per token, e.g. a sampler's per-sample one broadcast; not with a bias).
         ignore_index: target value whose rows get logp = entropy = 0 and no gradient.
         return_entropy: also return the softmax entropy per token (differentiable).
         impl: "auto" (Triton on CUDA, chunked PyTorch elsewhere), "triton" or "torch".
@@ -114,7 +128,15 @@ def token_logprobs(
             "weight is a DTensor: pass process_group= for a vocab-parallel call (hidden and targets identical on "
             "every rank), or gather it into a plain tensor first"
         )
-    _check_inputs(hidden, weight, targets, bias, temperature, sharded=process_group is not None)
+    per_token = isinstance(temperature, torch.Tensor)
+    _check_inputs(hidden, weight, targets, bias, 1.0 if per_token else temperature, sharded=process_group is not None)
+    if per_token:
+        check_temperature(temperature, targets.shape, hidden.device)
+        if bias is not None:
+            raise ValueError("token_logprobs takes a per-token temperature only without a bias (grpo_loss takes both)")
+        # z_t / τ_t = (h_t / τ_t)·Wᵀ: the row scale moves onto hidden, and autograd carries it into d_hidden
+        hidden = hidden / temperature.to(hidden.dtype).unsqueeze(-1)
+        temperature = 1.0
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
     ignore_index = int(ignore_index)
