@@ -51,11 +51,11 @@ def test_saved_directory_loads_back_with_auto_classes(tmp_path):
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("vllm_dtype", "fp8", "vllm_dtype must be one of"),
-        ("vllm_sleep_level", 3, "vllm_sleep_level must be one of"),
-        ("vllm_gpu_memory_utilization", 0.0, "vllm_gpu_memory_utilization must be in (0, 1]"),
-        ("vllm_gpu_memory_utilization", 1.5, "vllm_gpu_memory_utilization must be in (0, 1]"),
-        ("vllm_kv_cache_gib", -1.0, "vllm_kv_cache_gib must be >= 0"),
+        ("vllm_dtype", "fp8", "vllm_dtype='fp8': must be one of"),
+        ("vllm_sleep_level", 3, "vllm_sleep_level=3: must be one of 0, 1, 2"),
+        ("vllm_gpu_memory_utilization", 0.0, "vllm_gpu_memory_utilization=0.0: must be in (0, 1]"),
+        ("vllm_gpu_memory_utilization", 1.5, "vllm_gpu_memory_utilization=1.5: must be in (0, 1]"),
+        ("vllm_kv_cache_gib", -1.0, "vllm_kv_cache_gib=-1.0: must be >= 0"),
     ],
 )
 def test_bad_vllm_options_are_rejected(field, value, message):
