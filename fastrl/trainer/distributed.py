@@ -94,5 +94,7 @@ def barrier() -> None:
 
 
 def cleanup() -> None:
+    """Tear the group down once every rank is done with it (no rank closes a link a peer still reads)."""
     if is_distributed():
+        dist.barrier()
         dist.destroy_process_group()

@@ -2,6 +2,7 @@
 
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -21,8 +22,24 @@ def _entry(rank, world, init_file, fn, args):
     torch.set_num_threads(1)
     try:
         fn(rank, world, *args)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise  # mp.spawn hands this rank's traceback to the test process
+    leave(rank)
+
+
+def leave(rank: int) -> None:
+    """End a rank whose work succeeded with exit code 0.
+
+    All ranks meet before any tears its group down, and the process then exits without running the
+    interpreter's finalizers: a gloo worker thread still alive there can abort the process (SIGABRT,
+    "terminate called without an active exception") after every result was already written.
+    """
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(fn, world: int, tmp_path, *args) -> None:

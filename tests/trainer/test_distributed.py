@@ -44,8 +44,13 @@ def _worker(rank, world, init_file, out_dir):
         for agg in AGGS:
             params, loss = one_step(dist_utils.shard(batch()), agg)
             torch.save({"params": params, "loss": loss}, os.path.join(out_dir, f"{agg}-rank{rank}.pt"))
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # meet, tear down, and exit 0 without the interpreter's finalizers, where a gloo thread can abort
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)
 
 
 def test_two_gloo_ranks_take_the_single_process_step(tmp_path):
