@@ -23,7 +23,7 @@ CPU_QUICK = [dict(B=2, T=t, D=128, V=32768) for t in (256, 512)]
 CPU_FULL = [dict(B=8, T=t, D=512, V=32768) for t in (128, 256, 512)]
 # the headline CPU point (--acceptance): fp32 fwd+bwd; target extra memory ≥ 10× below eager's
 ACCEPTANCE = dict(B=8, T=1024, D=512, V=32768)
-ACCEPTANCE_PROVIDERS = ["eager", "fastrl-torch", "fastrl-recompute", "trl", "liger", "blas-floor"]
+ACCEPTANCE_PROVIDERS = ["eager", "compile", "fastrl-torch", "fastrl-recompute", "trl", "liger", "cce", "blas-floor"]
 GPU_SWEEP = [
     dict(B=8, T=1024, D=4096, V=151936),
     dict(B=16, T=1024, D=4096, V=151936),

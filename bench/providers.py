@@ -6,6 +6,8 @@ installed code and are reported n/a, with the reason, when their package is miss
 fastrl[bench]` installs them). Baselines come from the package's own eager references
 (`fastrl.kernels.token_logprobs_reference`), never re-implemented here. `blas-floor` is no
 implementation: it times the three GEMMs of the shape (6·N·D·V) and skips the correctness check.
+`recompute-floor` is the same with the forward GEMM done again in the backward (8·N·D·V): the least a
+log-prob op that keeps no `[N, V]` tensor between forward and backward must do.
 """
 
 import importlib.util
@@ -104,8 +106,30 @@ class _GemmFloor(torch.autograd.Function):
         return (z @ weight).reshape(ctx.hidden_shape), z.T @ h2
 
 
+class _RecomputeFloor(torch.autograd.Function):
+    """Four GEMMs: z = h·Wᵀ in the forward, and in the backward z again, then z·W and zᵀ·h."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight):
+        h2 = hidden.reshape(-1, hidden.shape[-1])
+        z = h2 @ weight.T
+        ctx.save_for_backward(h2, weight)
+        ctx.hidden_shape = hidden.shape
+        return z.new_zeros(h2.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        h2, weight = ctx.saved_tensors
+        z = h2 @ weight.T
+        return (z @ weight).reshape(ctx.hidden_shape), z.T @ h2
+
+
 def floor_token_logprobs(hidden, weight, targets):
     return _GemmFloor.apply(hidden, weight)
+
+
+def recompute_floor_token_logprobs(hidden, weight, targets):
+    return _RecomputeFloor.apply(hidden, weight)
 
 
 TOKEN_LOGPROBS_PROVIDERS = {
@@ -116,6 +140,7 @@ TOKEN_LOGPROBS_PROVIDERS = {
     "cce": Provider("cce", cce_token_logprobs, package_unavailable("cut_cross_entropy", cuda_only=False), True),
     "trl": Provider("trl", trl_token_logprobs, package_unavailable("trl", cuda_only=False)),
     "blas-floor": Provider("blas-floor", floor_token_logprobs, always, floor=True),
+    "recompute-floor": Provider("recompute-floor", recompute_floor_token_logprobs, always, floor=True),
 }
 
 
@@ -165,6 +190,19 @@ def fastrl_recompute_grpo_loss(hidden, weight, targets, mask, advantages, old, r
     ).loss
 
 
+def cce_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
+    """Cut Cross-Entropy's per-token log-probs, then the per-token loss formula eager uses."""
+    if config.entropy_coef != 0:
+        raise ValueError(f"Cut Cross-Entropy returns no entropy: entropy_coef={config.entropy_coef} cannot run")
+    b, t, d = hidden.shape
+    h = hidden if config.temperature == 1.0 else hidden / config.temperature  # (h/τ)·Wᵀ = z/τ
+    live = torch.where(mask, targets, torch.full_like(targets, -100))
+    logp = cce_token_logprobs(h.reshape(-1, d), weight, live.reshape(-1)).view(b, t)
+    return fastrl.policy_loss(
+        logp, advantages, mask, old_logprobs=old, ref_logprobs=ref, config=config, impl="torch"
+    ).loss
+
+
 def floor_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
     return _GemmFloor.apply(hidden, weight).sum()
 
@@ -177,5 +215,6 @@ GRPO_LOSS_PROVIDERS = {
     "fastrl-recompute": Provider("fastrl-recompute", fastrl_recompute_grpo_loss, always),
     "trl": Provider("trl", trl_grpo_loss, package_unavailable("trl", cuda_only=False)),
     "liger": Provider("liger", liger_grpo_loss, package_unavailable("liger_kernel", cuda_only=False), True),
+    "cce": Provider("cce", cce_grpo_loss, package_unavailable("cut_cross_entropy", cuda_only=False), True),
     "blas-floor": Provider("blas-floor", floor_grpo_loss, always, floor=True),
 }
