@@ -5,8 +5,10 @@ O(N) statistics (logp, entropy, and each row's logsumexp as its max and log Σ e
 log p = (z − max) − log Σ is then exact to the precision of log p, not to an ulp of a large logit, which the
 entropy gradient at small H needs). Backward walks the vocabulary in `[N, V_chunk]` tiles, recomputed from
 hidden, weight and those two statistics, and forms d_weight, d_bias and (accumulated in
-float32) d_hidden. Tiles stay near `FASTRL_CHUNK_BYTES` (default 32 MiB). The math is docs/math.md §1;
-the autograd Function that runs these two passes is in function.py.
+float32) d_hidden; when only logp carries a gradient (float32), the per-row factors of ∂z move onto the
+GEMMs' `[N, D]` operands so a tile takes two elementwise passes. Ignored rows are left out of every tile.
+Tiles stay near `FASTRL_CHUNK_BYTES` (default: 1/8 of the full logits, within 32–128 MiB). The math is
+docs/math.md §1; the autograd Function that runs these two passes is in function.py.
 """
 
 import os
@@ -15,15 +17,25 @@ import torch
 
 from .params import LogprobParams
 
-__all__ = ["chunk_cols", "chunk_rows", "chunked_backward", "chunked_forward", "no_autocast"]
+__all__ = ["chunk_bytes", "chunk_cols", "chunk_rows", "chunked_backward", "chunked_forward", "no_autocast"]
 
-_DEFAULT_CHUNK_BYTES = 32 * 2**20
+_MIN_CHUNK_BYTES, _MAX_CHUNK_BYTES = 32 * 2**20, 128 * 2**20
 
 
-def chunk_rows(vocab: int) -> int:
-    """Rows per chunk so that one float32 `[rows, vocab]` tile is about FASTRL_CHUNK_BYTES."""
-    budget = int(os.environ.get("FASTRL_CHUNK_BYTES", _DEFAULT_CHUNK_BYTES))
-    return max(16, budget // (4 * vocab))
+def chunk_bytes(tokens: int | None = None, vocab: int | None = None) -> int:
+    """The float32 tile budget: FASTRL_CHUNK_BYTES if set, else 1/8 of the full `[tokens, vocab]` logits,
+    kept within 32–128 MiB (larger tiles run the GEMMs faster; 1/8 keeps a small batch's tiles small)."""
+    budget = os.environ.get("FASTRL_CHUNK_BYTES")
+    if budget is not None:
+        return int(budget)
+    if tokens is None or vocab is None:
+        return _MIN_CHUNK_BYTES
+    return min(_MAX_CHUNK_BYTES, max(_MIN_CHUNK_BYTES, 4 * tokens * vocab // 8))
+
+
+def chunk_rows(vocab: int, tokens: int | None = None) -> int:
+    """Rows per chunk so that one float32 `[rows, vocab]` tile is about the chunk budget."""
+    return max(16, chunk_bytes(tokens, vocab) // (4 * vocab))
 
 
 def no_autocast(hidden):
@@ -46,68 +58,97 @@ def _finite_log_p(z):
     return z.clamp_(min=torch.finfo(z.dtype).min)
 
 
-def _tile(hidden, weight, bias, temperature):
-    # [C, V] float32 logits / temperature; the matmul runs in the input dtype, as eager does
-    z = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
-    z = z.float()
+def _tile(hidden, weight, bias, temperature, out=None):
+    # [C, V] float32 logits / temperature; the matmul runs in the input dtype, as eager does. A float32
+    # `out` (a buffer reused across chunks) takes the product directly.
+    if out is not None and hidden.dtype == torch.float32:
+        z = torch.mm(hidden, weight.T, out=out) if bias is None else torch.addmm(bias, hidden, weight.T, out=out)
+    else:
+        z = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
+        z = z.float() if out is None else out.copy_(z)
     return z if temperature == 1.0 else z.div_(temperature)
 
 
 def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
     """`[N, D]`, `[V, D]`, `[N]`, `[V]`|None → (logp `[N]`, entropy `[N]`|None, lse `[2, N]`), float32.
 
-    lse[0] is each row's max logit, lse[1] its log Σ exp(z − max); their sum is the logsumexp.
+    lse[0] is each row's max logit, lse[1] its log Σ exp(z − max); their sum is the logsumexp. Ignored
+    rows are left out of the tiles (their hidden state is never read) and get logp = entropy = lse = 0.
     """
-    n = hidden.shape[0]
-    valid = targets != params.ignore_index
-    safe = torch.where(valid, targets, torch.zeros_like(targets))
-    logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    lse = torch.empty(2, n, dtype=torch.float32, device=hidden.device)
-    entropy = torch.empty(n, dtype=torch.float32, device=hidden.device) if params.return_entropy else None
-    rows = chunk_rows(weight.shape[0])
-    for start in range(0, n, rows):
-        sl = slice(start, min(n, start + rows))
-        z = _tile(_live_rows(hidden, valid, sl), weight, bias, params.temperature)
+    n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
+    live = _live_index(targets, params.ignore_index)
+    logp = torch.zeros(n, dtype=torch.float32, device=dev)
+    lse = torch.zeros(2, n, dtype=torch.float32, device=dev)
+    entropy = torch.zeros(n, dtype=torch.float32, device=dev) if params.return_entropy else None
+    n_live = n if live is None else live.numel()
+    rows = chunk_rows(v, n_live)
+    tile = torch.empty(min(rows, n_live), v, dtype=torch.float32, device=dev)
+    for start in range(0, n_live, rows):
+        stop = min(n_live, start + rows)
+        idx = slice(start, stop) if live is None else live[start:stop]
+        x = hidden[idx].contiguous()  # the backward's rows, bit for bit, whatever the input's layout
+        z = _tile(x, weight, bias, params.temperature, tile[: stop - start])
         c_max = z.amax(-1, keepdim=True)
         z.sub_(c_max)  # z − max: exact where it matters, at the largest logits
-        c_log_sum = z.exp().sum(-1, keepdim=True).log_()
-        lse[0, sl], lse[1, sl] = c_max.squeeze(-1), c_log_sum.squeeze(-1)
-        logp[sl] = z.gather(-1, safe[sl].unsqueeze(-1)).squeeze(-1) - lse[1, sl]
+        target_z = z.gather(-1, targets[idx].unsqueeze(-1)).squeeze(-1)
+        # without the entropy, z − max is not needed again: exp in place
+        c_log_sum = (z.exp() if entropy is not None else z.exp_()).sum(-1, keepdim=True).log_()
+        lse[0, idx], lse[1, idx] = c_max.squeeze(-1), c_log_sum.squeeze(-1)
+        logp[idx] = target_z - c_log_sum.squeeze(-1)
         if entropy is not None:
             _finite_log_p(z.sub_(c_log_sum))  # z is now log p
-            entropy[sl] = -z.exp().mul_(z).sum(-1)
-    zero = torch.zeros((), dtype=torch.float32, device=hidden.device)
-    logp = torch.where(valid, logp, zero)
-    if entropy is not None:
-        entropy = torch.where(valid, entropy, zero)
+            entropy[idx] = -z.exp().mul_(z).sum(-1)
     return logp, entropy, lse
 
 
-def chunk_cols(tokens: int) -> int:
-    """Vocab columns per backward chunk so that one float32 `[tokens, cols]` tile is about FASTRL_CHUNK_BYTES."""
-    budget = int(os.environ.get("FASTRL_CHUNK_BYTES", _DEFAULT_CHUNK_BYTES))
-    return max(64, budget // (4 * max(tokens, 1)))
+def _live_index(targets, ignore_index):
+    """The rows to compute, or None when every row is live (then no gather is needed)."""
+    valid = targets != ignore_index
+    if bool(valid.all()):
+        return None
+    return torch.nonzero(valid).squeeze(-1)
+
+
+def chunk_cols(tokens: int, vocab: int | None = None) -> int:
+    """Vocab columns per backward chunk so that one float32 `[tokens, cols]` tile is about the chunk budget."""
+    return max(64, chunk_bytes(tokens, vocab) // (4 * max(tokens, 1)))
 
 
 def chunked_backward(hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, params, needs):
-    """(d_hidden, d_weight, d_bias), each None unless `needs` (hidden, weight, targets, bias) asks for it."""
+    """(d_hidden, d_weight, d_bias), each None unless `needs` (hidden, weight, targets, bias) asks for it.
+
+    Ignored rows are left out (they get a zero d_hidden); a target ≥ V (vocab-parallel: another rank's
+    token) contributes its row's softmax gradient but no one-hot term.
+    """
+    live = _live_index(targets, params.ignore_index)
+    if live is not None:  # the live rows only, then d_hidden back in place
+        pick = lambda t: None if t is None else t.index_select(-1, live)  # noqa: E731
+        lse_live = tuple(pick(x) for x in lse)  # a [2, N] tensor or a (max, log-sum) pair
+        d_hidden, d_weight, d_bias = chunked_backward(
+            hidden.index_select(0, live), weight, targets.index_select(0, live), bias, lse_live, pick(entropy),
+            pick(grad_logp), pick(grad_entropy), params, needs,
+        )  # fmt: skip
+        if d_hidden is not None:
+            d_hidden = torch.zeros_like(hidden).index_copy_(0, live, d_hidden)
+        return d_hidden, d_weight, d_bias
     # Walks the vocabulary, not the tokens: each `[N, V_chunk]` tile gives its rows of d_weight complete
     # in one GEMM (inner dim N), and d_hidden `[N, D]` takes the running sum. Token chunks would instead
     # read and write the whole `[V, D]` d_weight once per chunk, which costs more whenever N < V.
     n, v, tau = hidden.shape[0], weight.shape[0], params.temperature
-    valid = targets != params.ignore_index
-    safe = torch.where(valid, targets, torch.zeros_like(targets))
-    g = torch.where(valid, grad_logp.float(), 0.0) if grad_logp is not None else None
-    e = torch.where(valid, grad_entropy.float(), 0.0) if grad_entropy is not None else None
-    h = _live_rows(hidden, valid, slice(None))  # the forward's tile input, bit for bit
-    h32 = h.float() if needs[1] else None
+    g = grad_logp.float() if grad_logp is not None else None
+    e = grad_entropy.float() if grad_entropy is not None else None
+    h = hidden.contiguous()  # the forward's tile input, bit for bit
     d_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if needs[0] else None
     d_weight = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if needs[1] else None
     d_bias = torch.empty(v, dtype=torch.float32, device=weight.device) if needs[3] else None
+    if e is None and g is not None and weight.dtype == torch.float32:
+        # (half-precision weights keep the general path: its d_weight slabs are rounded once, one-hot included)
+        return _logp_only_backward(h, weight, bias, targets, lse, g, tau, (d_hidden, d_weight, d_bias))
+    h32 = h.float() if needs[1] else None
     if g is not None:
-        hit_order = torch.argsort(safe)  # rows sorted by target id, to find each chunk's targets fast
-        hit_ids = safe[hit_order]
-    cols = chunk_cols(n)
+        hit_order = torch.argsort(targets)  # rows sorted by target id, to find each chunk's targets fast
+        hit_ids = targets[hit_order]
+    cols = chunk_cols(n, v)
     for start in range(0, v, cols):
         sl = slice(start, min(v, start + cols))
         z = _tile(h, weight[sl], None if bias is None else bias[sl], tau)
@@ -126,7 +167,7 @@ def chunked_backward(hidden, weight, targets, bias, lse, entropy, grad_logp, gra
         if g is not None:
             lo, hi = torch.searchsorted(hit_ids, torch.tensor([sl.start, sl.stop], device=hit_ids.device)).tolist()
             rows = hit_order[lo:hi]
-            dz.index_put_((rows, safe[rows] - sl.start), g[rows], accumulate=True)
+            dz.index_put_((rows, targets[rows] - sl.start), g[rows], accumulate=True)
         if tau != 1.0:
             dz.div_(tau)
         if d_bias is not None:
@@ -135,8 +176,49 @@ def chunked_backward(hidden, weight, targets, bias, lse, entropy, grad_logp, gra
             d_weight[sl] = dz.T @ h32
         if d_hidden is not None:
             d_hidden.addmm_(dz, weight[sl].float())
+    return _finish(hidden, bias, d_hidden, d_weight, d_bias)
+
+
+def _finish(hidden, bias, d_hidden, d_weight, d_bias):
     return (
         None if d_hidden is None else d_hidden.to(hidden.dtype),
         d_weight,
         None if d_bias is None else d_bias.to(bias.dtype),
     )
+
+
+def _logp_only_backward(h, weight, bias, targets, lse, g, tau, grads):
+    """The float32 backward when only logp carries a gradient: ∂z = g·(onehot − p)/τ, p = e/s, e = exp(z − max).
+
+    The row factors g / (s·τ) move onto the GEMMs' `[N, D]` operands: d_weight = onehotᵀ·(g·h)/τ − eᵀ·(g·h/(s·τ)),
+    d_hidden = g·(W[target] − (e·W)/s)/τ. A tile then takes two passes (− max, exp) and no per-row scale.
+    """
+    d_hidden, d_weight, d_bias = grads
+    n, v = h.shape[0], weight.shape[0]
+    row_max, s = lse[0].unsqueeze(-1), lse[1].exp().unsqueeze(-1)
+    g_tau = (g / tau).unsqueeze(-1)  # [N, 1]
+    neg_scale = -g_tau / s  # [N, 1]: −g / (s·τ)
+    hs = h * neg_scale if d_weight is not None else None  # [N, D]
+    ew = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if d_hidden is not None else None  # Σ_v e·W_v
+    cols = chunk_cols(n, v)
+    tile = torch.empty(n, min(cols, v), dtype=torch.float32, device=h.device)  # one buffer for every slab
+    for start in range(0, v, cols):
+        sl = slice(start, min(v, start + cols))
+        buf = tile if sl.stop - sl.start == tile.shape[1] else torch.empty_like(tile[:, : sl.stop - sl.start])
+        e = _tile(h, weight[sl], None if bias is None else bias[sl], tau, buf).sub_(row_max).exp_()
+        if d_weight is not None:
+            torch.mm(e.T, hs, out=d_weight[sl])
+        if d_bias is not None:
+            d_bias[sl] = (e.T @ neg_scale).squeeze(-1)
+        if ew is not None:
+            ew.addmm_(e, weight[sl])
+    # the one-hot part: + g/τ at each row's target (none for a target on another vocab-parallel rank)
+    hit = (targets < v).unsqueeze(-1)
+    g_hit, safe = torch.where(hit, g_tau, 0.0), torch.where(hit.squeeze(-1), targets, 0)
+    if d_weight is not None:
+        d_weight.index_add_(0, safe, h * g_hit)
+    if d_bias is not None:
+        d_bias.index_add_(0, safe, g_hit.squeeze(-1))
+    if d_hidden is not None:
+        d_hidden = ew.mul_(neg_scale).add_(weight.index_select(0, safe) * g_hit)
+    return _finish(h, bias, d_hidden, d_weight, d_bias)
