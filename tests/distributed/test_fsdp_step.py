@@ -8,11 +8,12 @@ run's in float32. The bytes each rank holds of parameters, gradients and AdamW m
 
 import pytest
 import torch
+from _batches import uneven_batch
 from _spawn import spawn
 
 from fastrl.losses import LossConfig
 from fastrl.trainer import distributed as dist_utils
-from fastrl.trainer.batching import Sample, plan_microbatches
+from fastrl.trainer.batching import plan_microbatches
 from fastrl.trainer.fsdp import shard_model, state_bytes
 from fastrl.trainer.tiny import tiny_model
 from fastrl.trainer.update import sequence_logprobs, train_step
@@ -20,16 +21,6 @@ from fastrl.trainer.update import sequence_logprobs, train_step
 BUDGET = 24
 CONFIG = LossConfig(loss_agg="token-mean", eps_high=0.28)
 CLIP = 0.5
-
-
-def batch(n=8):
-    g = torch.Generator().manual_seed(5)
-    out = []
-    for i in range(n):
-        p = torch.randint(3, 60, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
-        c = torch.randint(3, 60, (1 + i * (2 if i < n // 2 else 1),), generator=g).tolist()
-        out.append(Sample([1] + p, c, float(torch.randn(1, generator=g))))
-    return out
 
 
 class MeasuredAdamW(torch.optim.AdamW):
@@ -57,7 +48,7 @@ def model():
 
 def _worker(rank, world, out_dir):
     sharded = shard_model(model())
-    samples = dist_utils.shard(batch())
+    samples = dist_utils.shard(uneven_batch())
     measured, losses, logp = three_steps(sharded, samples)
     params = {n: p.full_tensor() for n, p in sharded.named_parameters()}
     plan = len(plan_microbatches([len(s) for s in samples], BUDGET, True))
@@ -70,7 +61,7 @@ def test_fsdp_steps_equal_single_process_with_half_the_bytes(tmp_path):
     torch.set_num_threads(1)
     ref = model()
     start = {n: p.detach().clone() for n, p in ref.named_parameters()}
-    measured, losses, logp = three_steps(ref, batch())
+    measured, losses, logp = three_steps(ref, uneven_batch())
     replicated = sum(measured.values())
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert got[0]["plan"] != got[1]["plan"]  # unequal micro-batch counts: filler passes ran
