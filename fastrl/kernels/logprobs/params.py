@@ -14,3 +14,4 @@ class LogprobParams:
     temperature: float = 1.0  # logits are divided by it; > 0
     ignore_index: int = -100  # targets equal to it give logp = H = 0 and no gradient
     return_entropy: bool = False  # also compute the softmax entropy (and carry its gradient)
+    softcap: float | None = None  # final-logit soft-cap before the temperature: z = cap·tanh(x / cap) / τ; None = off
