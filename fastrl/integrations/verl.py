@@ -19,6 +19,8 @@ rollout weights are non-negative constants on the policy term, so they are folde
 ratio exceeds e^20.
 """
 
+import types
+
 import torch
 from verl.trainer.ppo.core_algos import register_policy_loss
 
@@ -125,14 +127,53 @@ def forward_with_fastrl_backend(
     else:
         raise ValueError("forward_with_fastrl_backend needs labels, shift_labels or input_ids")
     hidden = outputs[0]
-    _, weight, bias = lm_body_and_head(self)
-    logp, entropy = token_logprobs(
-        hidden, weight, targets.to(torch.int64), bias=bias, temperature=float(temperature), return_entropy=True
-    )
+    args = (self, hidden, targets.to(torch.int64), float(temperature))
+    head = _head_unit(self)
+    logp, entropy = _head_logprobs(*args) if head is None else head.fastrl_head_call(_head_logprobs, *args)
     return CausalLMOutputForPPO(
         log_probs=logp, entropy=entropy.to(hidden.dtype), past_key_values=outputs.past_key_values,
         hidden_states=outputs.hidden_states, attentions=outputs.attentions,
     )  # fmt: skip
+
+
+def _head_logprobs(model, hidden, targets, temperature):
+    """Log-probs and entropy of `targets` from the head's weight as it is NOW (gathered, under FSDP)."""
+    _, weight, bias = lm_body_and_head(model)
+    return token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature, return_entropy=True)
+
+
+def _call(self, fn, *args):
+    return fn(*args)
+
+
+def _head_unit(model):
+    """The LM head when it is an FSDP2 unit of its own (verl's FSDP2 engine wraps an untied `lm_head` so),
+    with `fastrl_head_call` registered as one of its FSDP forward methods; None otherwise.
+
+    The fused log-probs read the head's weight without calling the head, so FSDP2 would never all-gather
+    it (the weight stays a DTensor shard) nor reduce-scatter its gradient. `head.fastrl_head_call(fn, ...)`
+    runs `fn` the way the head's own forward runs: the weight all-gathered before it, resharded after,
+    gathered again for the backward and its gradient reduce-scattered (accumulated unsharded under
+    gradient accumulation), exactly as the logits path would see it. A head wrapped as its own FSDP1
+    unit has no such hook and is refused.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or head is model:
+        return None
+    from torch.distributed import fsdp
+
+    if isinstance(head, fsdp.FullyShardedDataParallel):
+        raise ValueError(
+            f"{type(model).__name__}'s LM head is an FSDP1 unit of its own (FullyShardedDataParallel): its weight "
+            "is not gathered outside its forward; use verl's FSDP2 engine (actor.strategy=fsdp2) or keep the head "
+            "in the root unit"
+        )
+    if not isinstance(head, getattr(fsdp, "FSDPModule", ())):
+        return None
+    if not hasattr(head, "fastrl_head_call"):
+        head.fastrl_head_call = types.MethodType(_call, head)
+        fsdp.register_fsdp_forward_method(head, "fastrl_head_call")
+    return head
 
 
 # verl's own fused forwards, as they were before `use_fastrl_backend` replaced them
