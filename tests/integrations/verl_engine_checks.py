@@ -94,13 +94,13 @@ def save_models(root):
     return paths
 
 
-def batch(rank):
-    """This rank's 4 sequences (lengths differ per rank), packed as verl's nested (jagged) tensors."""
+def batch(seed):
+    """4 sequences (lengths differ per seed), packed as verl's nested (jagged) tensors."""
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
 
-    g = torch.Generator().manual_seed(100 + rank)
-    lengths = [7 + 3 * i + 2 * rank for i in range(4)]
+    g = torch.Generator().manual_seed(100 + seed)
+    lengths = [7 + 3 * i + 2 * seed for i in range(4)]
     ids = [torch.randint(0, V, (n,), generator=g) for n in lengths]
     mask = [(torch.arange(n) >= P_LEN[i]).long() for i, n in enumerate(lengths)]
 
@@ -136,7 +136,7 @@ def loss_fn(model_output, data, dp_group=None):
     return loss, {}
 
 
-def engine(path, fused):
+def engine(path, fused, sp=1, attn="sdpa"):
     from verl.trainer.config.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine.fsdp import FSDPEngineWithLMHead
@@ -144,16 +144,23 @@ def engine(path, fused):
     model = HFModelConfig(
         path=path, load_tokenizer=False, use_remove_padding=True, use_fused_kernels=fused,
         fused_kernel_options={"impl_backend": "torch"}, enable_gradient_checkpointing=False,
-        override_config={"attn_implementation": "sdpa"},
+        override_config={"attn_implementation": attn},
     )  # fmt: skip
     fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
-    config = FSDPEngineConfig(strategy="fsdp2", mixed_precision=fp32, use_torch_compile=False, model_dtype="fp32")
+    config = FSDPEngineConfig(
+        strategy="fsdp2", mixed_precision=fp32, use_torch_compile=False, model_dtype="fp32",
+        ulysses_sequence_parallel_size=sp,
+    )  # fmt: skip
     eng = FSDPEngineWithLMHead(model, config, FSDPOptimizerConfig(lr=1e-3), CheckpointConfig())
     eng.initialize()
     return eng
 
 
-def run_variant(path, variant, rank):
+def run_variant(path, variant, seed, sp=1, attn="sdpa", fused_forward=None):
+    """Build verl's engine for `variant`, run the no-grad pass and the training pass on `batch(seed)`.
+
+    fused_forward: the forward verl's `use_fused_kernels` installs (default: fastrl's; "verl-fused": verl's own).
+    """
     import verl.models.transformers.dense_common as dense
     from transformers import Qwen2ForCausalLM
 
@@ -161,9 +168,10 @@ def run_variant(path, variant, rank):
 
     original = Qwen2ForCausalLM.forward
     if variant == "verl-fused":
-        dense.forward_with_torch_backend = fv.VERL_FORWARDS["torch"]
+        fused_forward = fv.VERL_FORWARDS["torch"]
+    dense.forward_with_torch_backend = fused_forward or fv.forward_with_fastrl_backend
     try:
-        eng = engine(path, fused=variant != "verl")
+        eng = engine(path, fused=variant != "verl", sp=sp, attn=attn)
         seen, patched = [], Qwen2ForCausalLM.forward
 
         def checked(self, *args, **kwargs):  # the patched forward's contract, at every call the engine makes
@@ -174,7 +182,7 @@ def run_variant(path, variant, rank):
             return out
 
         Qwen2ForCausalLM.forward = checked
-        data = batch(rank)
+        data = batch(seed)
         from verl.utils import tensordict_utils as tu
 
         tu.assign_non_tensor(data, use_fused_kernels=variant != "verl")
@@ -219,7 +227,7 @@ def worker(rank, world, init_file, paths, out_dir, planted):
         for variant in ("verl", "fastrl", "verl-fused"):
             name = f"{'tied' if tied else 'untied'}-{variant}"
             try:
-                result = run_variant(path, variant, rank)
+                result = run_variant(path, variant, rank)  # each rank its own data
             except Exception as e:  # the reference raises; the fused paths' failures are recorded
                 if variant == "verl":
                     raise
