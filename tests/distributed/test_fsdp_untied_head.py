@@ -67,7 +67,7 @@ def _compare(tmp_path):
     start = {n: p.detach().clone() for n, p in ref.named_parameters()}
     losses, logp = two_steps(ref, uneven_batch())
     assert (start["lm_head.weight"] - ref.lm_head.weight).abs().max() > 1e-4  # the steps moved the head
-    worst = {"loss": 0.0, "logp": 0.0, "params": 0.0}
+    worst = {"loss": 0.0, "logp": 0.0, "params": 0.0}  # max rel loss, max abs log-prob and parameter
     for r in range(2):
         got = torch.load(tmp_path / f"rank{r}.pt")
         torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(losses), rtol=1e-5, atol=1e-7)
@@ -77,11 +77,10 @@ def _compare(tmp_path):
         for name, p in ref.named_parameters():
             want = p.detach()
             torch.testing.assert_close(got["params"][name], want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
-            rel = float((got["params"][name] - want).abs().max() / want.abs().max())
-            worst["params"] = max(worst["params"], rel)
-        worst["loss"] = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], losses))
-    print(f"2 ranks vs 1 process, untied Qwen2 head: max rel loss {worst['loss']:.1e}, params "
-          f"{worst['params']:.1e}; max abs log-prob {worst['logp']:.1e}")  # fmt: skip
+            worst["params"] = max(worst["params"], float((got["params"][name].detach() - want).abs().max()))
+        worst["loss"] = max(worst["loss"], *(abs(a - b) / abs(b) for a, b in zip(got["losses"], losses)))
+    print(f"2 ranks vs 1 process, untied Qwen2 head: max rel loss {worst['loss']:.1e}; max abs log-prob "
+          f"{worst['logp']:.1e}, parameter {worst['params']:.1e}")  # fmt: skip
 
 
 @pytest.mark.timeout(300)
@@ -93,5 +92,5 @@ def test_fsdp_untied_qwen2_head_steps_equal_single_process(tmp_path):
 @pytest.mark.timeout(300)
 def test_head_gathered_outside_fsdp_hooks_is_caught(tmp_path):
     spawn(_worker, 2, tmp_path, str(tmp_path), True)
-    with pytest.raises(AssertionError, match="lm_head.weight"):
+    with pytest.raises(AssertionError, match="not close"):  # the head's step, then every later loss, is off
         _compare(tmp_path)

@@ -260,7 +260,8 @@ def compare(out_dir):
             diffs["grads"] = max(rel_diff(got["grads"][n], g) for n, g in ref["grads"].items())
             assert got["grads"].keys() == ref["grads"].keys()
             # every call: remove-padding labels (1, total_nnz); log-probs and entropy (never None) of that shape
-            assert len(got["seen"]) == 4 and all(s[0][0] == 1 and s[0] == s[1] == s[2] for s in got["seen"]), got["seen"]
+            seen = got["seen"]
+            assert len(seen) == 4 and all(s[0][0] == 1 and s[0] == s[1] == s[2] for s in seen), seen
             verdict = "ok" if max(diffs.values()) <= 1e-5 else "MISMATCH"
             line = " ".join(f"{k}={v:.1e}" for k, v in diffs.items())
             print(f"{verdict} {kind} rank {rank} fsdp2 engine fastrl vs verl logits path: max rel {line}")
