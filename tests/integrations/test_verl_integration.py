@@ -1,5 +1,11 @@
-"""`fastrl.integrations.verl` against verl's own loss and fused forward (`verl_checks.py`, run in verl's
-environment, which `.ci/verl.sh` builds; `FASTRL_VERL_PYTHON` points at its python)."""
+"""`fastrl.integrations.verl` against verl's own code, run in verl's environment (`.ci/verl.sh` builds it;
+`FASTRL_VERL_PYTHON` points at its python):
+
+- `verl_checks.py`: the policy loss and the actor's micro-batch step on one process;
+- `verl_engine_checks.py`: verl's FSDP2 engine on 2 gloo ranks, tied and untied heads, gradient
+  accumulation, remove-padding, the no-grad old/ref pass;
+- `verl_ulysses_checks.py`: the same engine with Ulysses sequence parallelism 2.
+"""
 
 import os
 import pathlib
@@ -8,17 +14,36 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+HERE = ROOT / "tests/integrations"
 
 
-def test_verl_checks_pass():
+def _run_in_verl(script, *args, timeout=900):
     py = os.environ.get("FASTRL_VERL_PYTHON")
     if not py or not os.path.exists(py):
         if os.environ.get("CI"):  # in CI the peer must be there: fail, never skip
             pytest.fail(f"FASTRL_VERL_PYTHON={py!r} is not verl's python: run .ci/verl.sh")
         pytest.skip("verl's environment is not built (FASTRL_VERL_PYTHON): run .ci/verl.sh")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [py, str(ROOT / "tests/integrations/verl_checks.py")], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert proc.stdout.count("ok ") == 23, proc.stdout
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([py, str(HERE / script), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_verl_checks_pass():
+    assert _run_in_verl("verl_checks.py").count("ok ") == 23
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(960)
+def test_verl_fsdp2_engine_with_fastrl_backend_equals_its_logits_path(tmp_path):
+    out = _run_in_verl("verl_engine_checks.py", str(tmp_path))
+    print(out)
+    assert out.count("ok ") == 4, out  # tied and untied head, on each of the 2 ranks
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(960)
+def test_verl_ulysses_with_fastrl_backend_equals_its_logits_path(tmp_path):
+    out = _run_in_verl("verl_ulysses_checks.py", str(tmp_path))
+    print(out)
+    assert out.count("ok ") == 2, out
