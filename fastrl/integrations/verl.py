@@ -11,6 +11,13 @@ Importing this module (verl's workers do it through the model's `external_lib` o
     actor_rollout_ref.actor.policy_loss.loss_mode=fastrl
     actor_rollout_ref.model.use_fused_kernels=True
 
+The forward serves the training pass and the old/ref passes (under `no_grad`) alike. It takes verl's
+`shift_labels` verbatim (the engine rolled them over the whole packed sequence before slicing it for Ulysses
+sequence parallelism); `log_probs` and `entropy` (never None) have the labels' shape, `(1, total_nnz)` with
+remove-padding. Under verl's FSDP2 engine a tied head is read inside the root unit's gathered forward; an
+untied `lm_head`, which verl wraps as its own FSDP unit, is run through that unit (`_head_unit`): gathered
+once per forward and once for its backward, never per vocabulary chunk (docs/integrations_verl.md).
+
 It is verl's "vanilla" PPO policy term (clip-higher `clip_ratio_low` / `clip_ratio_high`, the dual clip
 `clip_ratio_c`, the rollout importance weights), aggregated by `loss_agg_mode` with verl's global batch
 normalizers (docs/math.md §2–3); verl adds the KL and entropy terms itself, as for every loss mode. The
@@ -158,7 +165,7 @@ def _head_unit(model):
     unit has no such hook and is refused.
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None or head is model:
+    if head is None or head is model or not torch.distributed.is_available():
         return None
     from torch.distributed import fsdp
 
