@@ -256,6 +256,7 @@ def compare(out_dir):
                 failures.append(f"{kind} rank {rank}: fastrl backend raised {got['error']}\n{got['trace']}")
                 continue
             assert ref["head_is_unit"] == (kind == "untied"), "verl did not wrap the untied head as its own unit"
+            assert got["loss"].numel() == ref["loss"].numel() == 2  # two micro-batches: gradient accumulation
             diffs = {k: rel_diff(got[k], ref[k]) for k in ("old_logp", "old_entropy", "logp", "entropy", "loss")}
             diffs["grads"] = max(rel_diff(got["grads"][n], g) for n, g in ref["grads"].items())
             assert got["grads"].keys() == ref["grads"].keys()
