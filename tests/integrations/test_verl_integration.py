@@ -30,7 +30,7 @@ def _run_in_verl(script, *args, timeout=900):
 
 
 def test_verl_checks_pass():
-    assert _run_in_verl("verl_checks.py").count("ok ") == 23
+    assert _run_in_verl("verl_checks.py").count("ok ") == 24
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@
    `fastrl.integrations.verl` installs through verl's `patch_forward_with_backends`), the policy loss, verl's
    entropy term (`agg_loss`) and backward, on a tiny random Qwen2: the same log-probs, entropy, loss,
    metrics and parameter gradients.
+3. A head wrapped as its own FSDP1 unit is refused with a message naming it.
 
 Prints one line per case; exits non-zero at the first mismatch.
 """
@@ -123,6 +124,32 @@ def check_actor_step(mode):
     _metrics_close(ours[4], ref[4])
 
 
+def check_fsdp1_head_refused():
+    """A head wrapped as its own FSDP1 unit cannot be gathered by the fused forward: refused, naming it."""
+    import os
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from fastrl.integrations.verl import _head_unit
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'rdv')}", rank=0, world_size=1)
+        try:
+            model = _model()
+            model.lm_head = FullyShardedDataParallel(model.lm_head, device_id=torch.device("cpu"))
+            try:
+                _head_unit(model)
+            except ValueError as e:
+                assert "FSDP1" in str(e) and "Qwen2ForCausalLM" in str(e), e
+            else:
+                raise AssertionError("an FSDP1-wrapped head was not refused")
+            assert _head_unit(_model()) is None  # an unwrapped head: read directly
+        finally:
+            dist.destroy_process_group()
+
+
 def main():
     infos = ({}, {"dp_size": 2, "batch_num_tokens": 300, "global_batch_size": 11})
     for mode, info, weights in itertools.product(MODES, infos, (False, True)):
@@ -131,6 +158,8 @@ def main():
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
         check_actor_step(mode)
         print(f"ok actor step {mode}")
+    check_fsdp1_head_refused()
+    print("ok FSDP1-wrapped head refused")
 
 
 if __name__ == "__main__":
