@@ -85,3 +85,25 @@ def test_off_values_keep_the_plain_loss():
 def test_config_rejects_bad_sampler_fields(field, value, error):
     with pytest.raises(error, match=field):
         LossConfig(**{field: value})
+
+
+def test_soft_capped_model_through_hidden_and_head():
+    import transformers
+
+    from fastrl import hidden_and_head
+
+    torch.manual_seed(0)
+    cfg = transformers.Gemma2Config(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                    max_position_embeddings=64, final_logit_softcapping=3.0)  # fmt: skip
+    model = transformers.Gemma2ForCausalLM(cfg).float().eval()
+    ids = torch.randint(0, 61, (2, 9))
+    with pytest.raises(ValueError, match="return_softcap=True"):
+        hidden_and_head(model, ids)
+    hidden, weight, bias, cap = hidden_and_head(model, ids, return_softcap=True)
+    assert cap == 3.0
+    logp = fastrl.token_logprobs(hidden[:, :-1], weight, ids[:, 1:], bias=bias, softcap=cap)
+    logits = model(ids).logits[:, :-1].float()
+    assert logits.abs().max() < cap  # the model's own logits are capped
+    eager = logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(logp, eager, rtol=1e-5, atol=1e-5)
