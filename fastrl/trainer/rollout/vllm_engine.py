@@ -60,7 +60,7 @@ class VLLMEngine:
         self.tokenizer, self._params = tokenizer, SamplingParams
         path = config.model
         if config.model == "tiny":  # in memory only: write it, with a fast tokenizer, where vLLM can load it
-            from ..tiny import save_tiny
+            from ..tiny.export import save_tiny
 
             self._export = tempfile.TemporaryDirectory(prefix="fastrl-tiny-")
             path = save_tiny(model, tokenizer, self._export.name)
