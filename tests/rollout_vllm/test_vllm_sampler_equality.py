@@ -62,3 +62,31 @@ def test_kept_sets_and_logprobs_equal_vllms(mode):
     inside = vllm_kept.gather(1, targets[:, None])[:, 0]
     target_ref = ref.gather(1, targets[:, None])[:, 0]
     torch.testing.assert_close(logp[inside], target_ref[inside], rtol=5e-7, atol=2e-6)
+
+
+def test_trainer_scores_a_vllm_rollout_as_vllm_does():
+    from vllm_reference import TOL, tiny_config
+
+    from fastrl.trainer.batching import Sample
+    from fastrl.trainer.build import build_model
+    from fastrl.trainer.rollout import make_engine
+    from fastrl.trainer.update import sampler_options, sequence_logprobs
+
+    config = tiny_config(top_p=0.9, top_k=50, min_p=0.02, bf16=False)
+    torch.manual_seed(0)
+    model, tokenizer = build_model(config, torch.device("cpu"))
+    model.eval()
+    engine = make_engine("vllm", model, tokenizer, config)
+    engine.sync_weights(model)
+    prompts = [tokenizer.encode(q, add_special_tokens=True) for q in ("3+4=", "9+9=", "1+8=")]
+    comps = engine.generate(prompts, 4, want_logprobs=True)
+    samples = [Sample(c.prompt_ids, c.completion_ids, 0.0) for c in comps]
+    vllm = torch.tensor([x for c in comps for x in c.logprobs])
+
+    def gap(sampler):
+        lp = sequence_logprobs(model, samples, 1 << 20, False, tokenizer.pad_token_id, config.temperature, "torch",
+                               False, sampler)  # fmt: skip
+        return (torch.tensor([x for row in lp for x in row]) - vllm).abs()
+
+    assert gap(sampler_options(config.loss)).max() < TOL
+    assert gap(None).mean() > 0.05  # the full softmax is another distribution
