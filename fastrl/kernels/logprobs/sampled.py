@@ -16,7 +16,7 @@ from ..autograd import differentiable_once
 from ..dispatch import token_logprobs_impl
 from .chunked import chunk_bytes, no_autocast
 from .params import LogprobParams
-from .sampling import Truncation, logit_tile, tile_threshold
+from .sampling import Truncation, Workspace, logit_tile, tile_threshold
 
 __all__ = ["SampledLogprobs", "sampled_forward", "token_logprobs_sampled"]
 
@@ -30,20 +30,13 @@ class SampledLogprobs(NamedTuple):
 
 
 def _rows(n_live: int, vocab: int) -> int:
-    # the search holds about five tile-sized temporaries (z, exp, bin ids in int64, masks): a fifth of the budget
-    return max(16, chunk_bytes(n_live, vocab) // (20 * max(vocab, 1)))
+    # the forward holds about 24 bytes per tile element (logits, exp, scratch, int64 bin ids, two masks)
+    return max(16, chunk_bytes(n_live, vocab) // (24 * max(vocab, 1)))
 
 
 def _live(targets, ignore_index):
     valid = targets != ignore_index
     return None if bool(valid.all()) else torch.nonzero(valid).squeeze(-1)
-
-
-def _chunks(n, live, rows):
-    n_live = n if live is None else live.numel()
-    for start in range(0, n_live, rows):
-        stop = min(n_live, start + rows)
-        yield slice(start, stop) if live is None else live[start:stop]
 
 
 def _tau_rows(tau, idx):
@@ -60,15 +53,22 @@ def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None
     top_ids = zeros(n, topk, dt=torch.int64) if topk else None
     top_lp = zeros(n, topk) if topk else None
     live = _live(targets, params.ignore_index)
-    for idx in _chunks(n, live, _rows(n if live is None else live.numel(), v)):
-        z = logit_tile(hidden[idx], weight, bias, params.softcap, _tau_rows(tau, idx))
+    n_live = n if live is None else live.numel()
+    rows = _rows(n_live, v)
+    ws = Workspace(min(rows, n_live), v, dev)
+    for start in range(0, n_live, rows):
+        stop = min(n_live, start + rows)
+        idx = slice(start, stop) if live is None else live[start:stop]
+        c = stop - start
+        z = logit_tile(hidden[idx], weight, bias, params.softcap, _tau_rows(tau, idx), out=ws.get("z", c))
         zmax = z.amax(1)
-        theta = None if trunc is None else tile_threshold(z, zmax, trunc.rows(idx))
-        zc = z - zmax.unsqueeze(1)
-        e = zc.exp()
+        theta = None if trunc is None else tile_threshold(z, zmax, trunc.rows(idx), ws)
+        zc = torch.sub(z, zmax.unsqueeze(1), out=ws.get("tmp", c))
+        e = torch.exp(zc, out=ws.get("e", c))
         if theta is not None:
-            e.masked_fill_(z < theta.unsqueeze(1), 0.0)
-        log_s = e.sum(1).log_()
+            e.masked_fill_(torch.lt(z, theta.unsqueeze(1), out=ws.get("mask", c, torch.bool)), 0.0)
+        s = e.sum(1)
+        log_s = s.log()
         zy = z.gather(1, targets[idx].unsqueeze(1)).squeeze(1)
         logp[idx] = zy - zmax - log_s
         stats[0, idx], stats[1, idx] = zmax, log_s
@@ -76,7 +76,7 @@ def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None
             stats[3, idx], outside[idx] = theta, zy < theta
         if entropy is not None:
             # −Σ_S p log p = log s − Σ_S e·(z − max)/s; a −inf logit has e = 0 and a finite stand-in for z − max
-            h = log_s - (e * zc.clamp_(min=torch.finfo(torch.float32).min)).sum(1) / log_s.exp()
+            h = log_s - zc.clamp_(min=torch.finfo(torch.float32).min).mul_(e).sum(1) / s
             entropy[idx], stats[2, idx] = h, h
         if topk:
             vals, ids = z.topk(topk, dim=1)
@@ -89,43 +89,67 @@ def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None
 
 def sampled_backward(hidden, weight, targets, bias, tau, stats, grad_logp, grad_entropy, params, needs):
     """(d_hidden, d_weight, d_bias) with S held fixed: ∂z = g·(1[v=y] − p_S) − e·p_S·(log p_S + H), then through
-    the temperature and the soft-cap; ignored rows get none."""
-    n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
-    d_hidden = torch.zeros_like(hidden) if needs[0] else None
-    d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if needs[1] else None
-    d_bias = torch.zeros(v, dtype=torch.float32, device=dev) if needs[2] else None
-    w32 = weight.float() if needs[0] else None
+    the temperature and the soft-cap. Walks the vocabulary (each chunk's ∂W rows complete in one GEMM) over the
+    live rows; ignored rows get none."""
     live = _live(targets, params.ignore_index)
-    cap = params.softcap
-    for idx in _chunks(n, live, _rows(n if live is None else live.numel(), v)):
-        x = hidden[idx]
-        tau_c = _tau_rows(tau, idx)
-        z = logit_tile(x, weight, bias, cap, tau_c)
-        logq = z - (stats[0, idx] + stats[1, idx]).unsqueeze(1)
-        p = logq.exp().masked_fill_(z < stats[3, idx].unsqueeze(1), 0.0)
-        dz = torch.zeros_like(z)
-        if grad_entropy is not None:
-            centred = logq.clamp_(min=torch.finfo(torch.float32).min).add_(stats[2, idx].unsqueeze(1))
-            dz.addcmul_(p * centred, grad_entropy[idx].float().unsqueeze(1), value=-1.0)
-        if grad_logp is not None:
-            g = grad_logp[idx].float()
-            dz.addcmul_(p, g.unsqueeze(1), value=-1.0)
-            dz.scatter_add_(1, targets[idx].unsqueeze(1), g.unsqueeze(1))
-        if cap is not None:
-            t = z.mul_(tau_c).div_(cap)  # tanh of the raw logit / cap
-            dz.mul_(t.mul_(t).neg_().add_(1.0))
-        dz = dz.div_(tau_c) if isinstance(tau_c, torch.Tensor) or tau_c != 1.0 else dz
+    if live is not None:
+        pick = lambda t: t.index_select(-1, live) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        d_hidden, d_weight, d_bias = sampled_backward(
+            hidden.index_select(0, live), weight, targets.index_select(0, live), bias, pick(tau), pick(stats),
+            pick(grad_logp), pick(grad_entropy), params, needs,
+        )  # fmt: skip
         if d_hidden is not None:
-            d_hidden[idx] = (dz @ w32).to(hidden.dtype)
-        if d_weight is not None:
-            d_weight.addmm_(dz.T, x.float())
+            d_hidden = torch.zeros_like(hidden).index_copy_(0, live, d_hidden)
+        return d_hidden, d_weight, d_bias
+    n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
+    cap, col = params.softcap, lambda t: t.unsqueeze(1)
+    tau_c = col(tau) if isinstance(tau, torch.Tensor) else tau
+    inv_tau = 1.0 / tau_c
+    g = None if grad_logp is None else col(grad_logp.float()) * inv_tau  # τ folded into the row factors
+    eg = None if grad_entropy is None else col(grad_entropy.float()).neg() * inv_tau
+    lse, theta, ent = col(stats[0] + stats[1]), col(stats[3]), col(stats[2])
+    h32 = hidden.float()
+    d_hidden = torch.zeros(n, hidden.shape[1], dtype=torch.float32, device=dev) if needs[0] else None
+    d_weight = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if needs[1] else None
+    d_bias = torch.empty(v, dtype=bias.dtype, device=dev) if needs[2] else None
+    if g is not None:
+        order = torch.argsort(targets)  # rows sorted by target id, to find each chunk's targets fast
+        hits = targets[order]
+    cols = max(64, chunk_bytes(n, v) // (12 * max(n, 1)))
+    ws = Workspace(n, min(cols, v), dev)
+    for start in range(0, v, cols):
+        sl = slice(start, min(v, start + cols))
+        c = sl.stop - sl.start
+        buf = lambda name, dt=torch.float32: ws.get(name, n, dt)[:, :c] if c == ws.vocab else torch.empty(  # noqa: E731
+            n, c, dtype=dt, device=dev)  # fmt: skip
+        z = logit_tile(hidden, weight[sl], None if bias is None else bias[sl], cap, tau_c, out=buf("z"))
+        drop = torch.lt(z, theta, out=buf("mask", torch.bool))
+        if cap is not None:
+            factor = torch.mul(z, tau_c / cap, out=buf("f"))
+            factor.square_().neg_().add_(1.0)  # 1 − tanh²(x / cap)
+        logq = z.sub_(lse)
+        p = torch.exp(logq, out=buf("p")).masked_fill_(drop, 0.0)
+        if eg is not None:
+            dz = logq.clamp_(min=torch.finfo(torch.float32).min).add_(ent).mul_(p).mul_(eg)
+            if g is not None:
+                dz.addcmul_(p, g, value=-1.0)
+        elif g is not None:
+            dz = p.mul_(-g)
+        else:
+            dz = p.zero_()
+        if g is not None:
+            lo, hi = torch.searchsorted(hits, torch.tensor([sl.start, sl.stop], device=dev)).tolist()
+            rows = order[lo:hi]
+            dz.index_put_((rows, targets[rows] - sl.start), g[rows, 0], accumulate=True)
+        if cap is not None:
+            dz.mul_(factor)
         if d_bias is not None:
-            d_bias.add_(dz.sum(0))
-    return (
-        d_hidden,
-        None if d_weight is None else d_weight.to(weight.dtype),
-        None if d_bias is None else d_bias.to(bias.dtype),
-    )
+            d_bias[sl] = dz.sum(0)
+        if d_weight is not None:
+            d_weight[sl] = dz.T @ h32
+        if d_hidden is not None:
+            d_hidden.addmm_(dz, weight[sl].float())
+    return None if d_hidden is None else d_hidden.to(hidden.dtype), d_weight, d_bias
 
 
 class SampledLogprobFunction(torch.autograd.Function):

@@ -111,6 +111,21 @@ def test_kept_set_is_the_references(monkeypatch, name):
     assert torch.equal(out.outside, ~kept.gather(1, targets.unsqueeze(1)).squeeze(1))
 
 
+@pytest.mark.parametrize("name", ["all", "topp0.7-cap2"])
+def test_small_tiles_match_float64(monkeypatch, name):
+    # row chunks of 16 in the forward, vocabulary chunks of ~100 columns in the backward
+    monkeypatch.setenv("FASTRL_CHUNK_BYTES", str(12 * N * 100))
+    opts = OPTIONS[name]
+    hidden, weight, bias, targets = make_inputs()
+    tau = torch.rand(N) + 0.5
+    g, e = torch.randn(N), torch.randn(N)
+    truth, _ = reference(hidden, weight, bias, targets, tau, opts, torch.float64, g, e)
+    eager, _ = reference(hidden, weight, bias, targets, tau, opts, torch.float32, g, e)
+    got = run("torch", hidden, weight, bias, targets, tau, opts, g, e)
+    for key, ref in truth.items():
+        assert rel_err(got[key], ref) <= rel_err(eager[key], ref) + TOL, (key, rel_err(got[key], ref))
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_targets_outside_the_kept_set_stay_finite(impl):
     hidden, weight, bias, targets = make_inputs(ignore_frac=0.0)
