@@ -64,6 +64,13 @@ def _rows_of(name, value, shape, device, integer: bool):
 def truncation(top_k, top_p, min_p, shape, vocab: int, device) -> Truncation | None:
     """Check and broadcast vLLM's `top_k`, `top_p`, `min_p` (each None, a number, or a per-row `[B]` / per-token
     tensor of targets' `shape`) to `[N]` rows. Returns None when every rule is off on every row (no cost)."""
+    # a scalar that is off costs nothing: no per-row tensor is built for it
+    if isinstance(top_k, numbers.Integral) and not isinstance(top_k, bool) and not 0 < top_k < vocab:
+        top_k = None
+    if isinstance(top_p, numbers.Real) and not isinstance(top_p, bool) and top_p == 1:
+        top_p = None
+    if isinstance(min_p, numbers.Real) and not isinstance(min_p, bool) and min_p == 0:
+        min_p = None
     k = _rows_of("top_k", top_k, shape, device, integer=True)
     p = _rows_of("top_p", top_p, shape, device, integer=False)
     m = _rows_of("min_p", min_p, shape, device, integer=False)
