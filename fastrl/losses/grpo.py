@@ -108,6 +108,13 @@ def grpo_loss(
             raise ValueError("top_k / top_p / min_p / softcap are not supported with process_group")
         return _sampled_grpo_loss(hidden, weight, targets, mask, advantages, bias, old_logprobs, ref_logprobs,
                                   rollout_logprobs, config, normalizer, impl, tau, return_entropy, sampler)  # fmt: skip
+    if (
+        isinstance(hidden, torch.Tensor)
+        and isinstance(weight, torch.Tensor)
+        and weight.dtype == torch.float32
+        and hidden.dtype in (torch.float16, torch.bfloat16)
+    ):
+        hidden = hidden.float()  # a float32 head (docs/math.md §8): one O(N·D) copy; d_hidden comes back in bf16
     if process_group is None and wants_fused(hidden, weight, bias, config, old_logprobs, rollout_logprobs):
         return fused_grpo_loss(
             hidden,

@@ -107,3 +107,20 @@ def test_soft_capped_model_through_hidden_and_head():
     assert logits.abs().max() < cap  # the model's own logits are capped
     eager = logits.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     torch.testing.assert_close(logp, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opts", [{}, dict(top_p=0.9)], ids=["plain", "topp"])
+def test_bf16_hidden_with_a_float32_head(opts):
+    hidden, weight, targets, mask, adv, old = inputs()
+    h16 = hidden.detach().bfloat16().requires_grad_()
+    out = grpo_loss(h16, weight, targets, mask, adv, old_logprobs=old, **opts)
+    out.loss.backward()
+    assert h16.grad.dtype == torch.bfloat16 and weight.grad.dtype == torch.float32
+    got_w = weight.grad.clone()
+    weight.grad = None
+    h32 = h16.detach().float().requires_grad_()  # what the float32 head computes
+    ref = grpo_loss(h32, weight, targets, mask, adv, old_logprobs=old, **opts)
+    ref.loss.backward()
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got_w, weight.grad, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(h16.grad, h32.grad.bfloat16(), rtol=0, atol=0)
