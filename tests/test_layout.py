@@ -3,7 +3,7 @@
 - dependency direction kernels <- losses <- trainer: kernels import no fastrl.losses / trainer / rewards,
   losses no fastrl.trainer, the trainer never triton;
 - fastrl.rewards imports neither torch nor fastrl.trainer (also checked in a fresh interpreter);
-- no import cycle among fastrl's modules (module-level imports, relative imports resolved);
+- no import cycle among fastrl's modules (imports inside functions included, relative imports resolved);
 - no module over 400 lines; every package `__init__` declares `__all__`.
 """
 
@@ -31,9 +31,10 @@ def _is_package(path: pathlib.Path) -> bool:
 MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
 
-def _imports(name: str, top_level_only: bool) -> set[str]:
+def _imports(name: str, top_level_only: bool, modules: dict | None = None) -> set[str]:
     """Absolute names `name` imports; `from . import x` yields both the package and `package.x`."""
-    path = MODULES[name]
+    modules = MODULES if modules is None else modules
+    path = modules[name]
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = name if _is_package(path) else name.rpartition(".")[0]
     nodes = tree.body if top_level_only else list(ast.walk(tree))
@@ -57,7 +58,7 @@ def _imports(name: str, top_level_only: bool) -> set[str]:
             else:
                 module = node.module or ""
             found.add(module)
-            found |= {f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in MODULES}
+            found |= {f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in modules}
     return found
 
 
@@ -101,16 +102,20 @@ def test_importing_rewards_loads_no_torch():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def _graph() -> dict[str, set[str]]:
-    """Module-level import edges between fastrl modules (importing `a.b.c` also runs `a` and `a.b`)."""
+def _graph(modules: dict | None = None) -> dict[str, set[str]]:
+    """Import edges between fastrl modules, imports inside functions included (a lazy import hides a cycle from
+    the import system, not from the design). A module-level import of `a.b.c` also runs `a` and `a.b` at import
+    time: edges to them too. One inside a function runs when called, after the packages have loaded: an edge to
+    the module it names."""
+    modules = MODULES if modules is None else modules
     graph = {}
-    for name in MODULES:
-        edges = set()
-        for imported in _imports(name, top_level_only=True):
+    for name in modules:
+        edges, eager = set(), _imports(name, top_level_only=True, modules=modules)
+        for imported in _imports(name, top_level_only=False, modules=modules):
             parts = imported.split(".")
-            for i in range(1, len(parts) + 1):
+            for i in range(1 if imported in eager else len(parts), len(parts) + 1):
                 target = ".".join(parts[:i])
-                if target in MODULES and target != name and not name.startswith(target + "."):
+                if target in modules and target != name and not name.startswith(target + "."):
                     edges.add(target)
         graph[name] = edges
     return graph
@@ -146,6 +151,26 @@ def test_no_import_cycles():
 def test_cycle_finder_finds_a_planted_cycle():
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_cycle_through_a_function_level_import_is_found(tmp_path):
+    # config imports an adapter inside a method; the adapter imports the loss, which imports config
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    files = {
+        "__init__.py": "",
+        "config.py": "def from_peer():\n    from .adapter import convert\n    return convert()\n",
+        "adapter.py": "from .loss import Normalizer\n\ndef convert():\n    return Normalizer\n",
+        "loss.py": "from .config import from_peer\n\nclass Normalizer:\n    pass\n",
+        "helper.py": "def f():\n    from . import loss\n    return loss\n",
+    }
+    for fname, text in files.items():
+        (pkg / fname).write_text(text)
+    modules = {"pkg" + ("" if f == "__init__.py" else "." + f[:-3]): pkg / f for f in files}
+    cycle = _find_cycle(_graph(modules))
+    assert cycle is not None and set(cycle) == {"pkg.config", "pkg.adapter", "pkg.loss"}, cycle
+    (pkg / "adapter.py").write_text("def convert():\n    return None\n")
+    assert _find_cycle(_graph(modules)) is None
 
 
 def test_relative_imports_resolve():

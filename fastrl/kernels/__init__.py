@@ -10,7 +10,13 @@ Imports only torch (and triton, when a Triton path runs).
 
 from .dispatch import IMPLS, resolve_impl
 from .fused_loss import attach_gradients, policy_loss_grads
-from .logprobs import LogprobParams, token_logprobs, token_logprobs_reference
+from .logprobs import (
+    LogprobParams,
+    sampled_logprobs_reference,
+    sampled_token_logprobs,
+    token_logprobs,
+    token_logprobs_reference,
+)
 from .policy import NUM_STATS, STATS, PolicyLossParams, policy_rows, policy_rows_torch
 
 __all__ = [
@@ -24,6 +30,8 @@ __all__ = [
     "policy_rows",
     "policy_rows_torch",
     "resolve_impl",
+    "sampled_logprobs_reference",
+    "sampled_token_logprobs",
     "token_logprobs",
     "token_logprobs_reference",
 ]

@@ -2,7 +2,7 @@
 
 from .config import LossConfig
 from .grpo import GRPOLoss, grpo_loss
-from .hf import hidden_and_head, lm_body_and_head
+from .hf import head_softcap, hidden_and_head, lm_body_and_head
 from .policy import METRIC_KEYS, LossOutput, Normalizer, policy_loss
 from .trl_compat import trl_normalizer
 from .verl_compat import verl_normalizer
@@ -14,6 +14,7 @@ __all__ = [
     "LossOutput",
     "Normalizer",
     "grpo_loss",
+    "head_softcap",
     "hidden_and_head",
     "lm_body_and_head",
     "policy_loss",

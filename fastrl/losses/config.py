@@ -82,6 +82,19 @@ class LossConfig:
     vespo_k_neg: float = 3.0  # and for A < 0
     vespo_lambda_neg: float = 2.0
     rejection: tuple = ()  # ((option, lower, upper), ...) of REJECTION_OPTIONS: tokens / sequences masked out
+    # --- the sampler's distribution (docs/math.md §8): log-probs of what vLLM's sampler kept; None = off ---
+    top_k: int | None = None  # keep the k most likely tokens (k <= 0 or None: off)
+    top_p: float | None = None  # nucleus: keep tokens whose higher-ranked mass is < top_p (1 or None: off)
+    min_p: float | None = None  # drop tokens below min_p × the most likely one's probability (0 or None: off)
+    softcap: float | None = None  # the model's final-logit soft-cap cap·tanh(x / cap), before the temperature
+
+    @property
+    def sampler_on(self) -> bool:
+        """Whether the log-probs are those of a truncated or soft-capped distribution (docs/math.md §8)."""
+        k, p, m = self.top_k, self.top_p, self.min_p
+        return (k is not None and k > 0) or (p is not None and p < 1) or (m is not None and m > 0) or (
+            self.softcap is not None
+        )
 
     def __post_init__(self):
         if not isinstance(self.loss_agg, str):
@@ -108,6 +121,20 @@ class LossConfig:
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._check_ranges(given, agg)
         self._check_rejection()
+        self._check_sampler()
+
+    def _check_sampler(self) -> None:
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral)):
+            raise TypeError(f"top_k must be an int or None, got {type(k).__name__} {k!r}")
+        for name in ("top_p", "min_p", "softcap"):
+            _number(name, getattr(self, name), allow_none=True)
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be None or in (0, 1], got {self.top_p}")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be None or in [0, 1], got {self.min_p}")
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"softcap must be None or > 0, got {self.softcap}")
 
     def _check_rejection(self) -> None:
         if isinstance(self.rejection, (str, bytes)) or not isinstance(self.rejection, (tuple, list)):

@@ -5,7 +5,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from fastrl.kernels import IMPLS, token_logprobs
+from fastrl.kernels import IMPLS, sampled_token_logprobs, token_logprobs
 
 from .config import LossConfig
 from .fused import fused_grpo_loss, wants_fused
@@ -33,6 +33,9 @@ def grpo_loss(
     process_group=None,
     temperature: torch.Tensor | None = None,
     return_entropy: bool = False,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    min_p: float | torch.Tensor | None = None,
 ) -> LossOutput:
     """Fused GRPO/PPO loss straight from the LM body's hidden states (docs/math.md §1–3).
 
@@ -61,6 +64,10 @@ def grpo_loss(
             where mask is 1), e.g. a sampler's per-sample temperature broadcast over the completion.
         return_entropy: also compute the entropy (from the same pass) and report metrics["entropy_mean"]
             when config.entropy_coef == 0.
+        top_k, top_p, min_p: the sampler's truncation (docs/math.md §8), overriding config's: a number, or a
+            per-row `[B]` / per-token `[B, T]` tensor. With any of them (or config.softcap) on, logp, the ratios,
+            the KL and the entropy are those of the kept set's distribution, and metrics["outside_kept_frac"] is
+            the fraction of masked tokens whose target lies outside it.
 
     Returns:
         LossOutput(loss, metrics), as `policy_loss`.
@@ -91,6 +98,23 @@ def grpo_loss(
     if temperature is not None and not isinstance(temperature, torch.Tensor):
         raise TypeError(f"temperature must be None (config.temperature) or a [B, T] tensor, got {temperature!r}")
     tau = config.temperature if temperature is None else temperature
+    sampler = {
+        "top_k": config.top_k if top_k is None else top_k,
+        "top_p": config.top_p if top_p is None else top_p,
+        "min_p": config.min_p if min_p is None else min_p,
+    }
+    if _sampler_on(sampler) or config.softcap is not None:
+        if process_group is not None:
+            raise ValueError("top_k / top_p / min_p / softcap are not supported with process_group")
+        return _sampled_grpo_loss(hidden, weight, targets, mask, advantages, bias, old_logprobs, ref_logprobs,
+                                  rollout_logprobs, config, normalizer, impl, tau, return_entropy, sampler)  # fmt: skip
+    if (
+        isinstance(hidden, torch.Tensor)
+        and isinstance(weight, torch.Tensor)
+        and weight.dtype == torch.float32
+        and hidden.dtype in (torch.float16, torch.bfloat16)
+    ):
+        hidden = hidden.float()  # a float32 head (docs/math.md §8): one O(N·D) copy; d_hidden comes back in bf16
     if process_group is None and wants_fused(hidden, weight, bias, config, old_logprobs, rollout_logprobs):
         return fused_grpo_loss(
             hidden,
@@ -134,6 +158,26 @@ def grpo_loss(
         normalizer=normalizer,
         impl=impl,
     )
+
+
+def _sampler_on(sampler: dict) -> bool:
+    k, p, m = sampler["top_k"], sampler["top_p"], sampler["min_p"]
+    if any(isinstance(x, torch.Tensor) for x in (k, p, m)):
+        return True
+    return (k is not None and k > 0) or (p is not None and p < 1) or (m is not None and m > 0)
+
+
+def _sampled_grpo_loss(hidden, weight, targets, mask, advantages, bias, old, ref, rollout, config, normalizer, impl,
+                       tau, return_entropy, sampler) -> LossOutput:  # fmt: skip
+    """The loss on the sampler's distribution: §8 log-probs (no gradient-in-forward pass), then `policy_loss`."""
+    need_entropy = config.entropy_coef != 0 or config.top_entropy_quantile < 1 or return_entropy
+    out = sampled_token_logprobs(hidden, weight, targets, bias=bias, temperature=tau, ignore_index=IGNORE_INDEX,
+                                 return_entropy=need_entropy, impl=impl, softcap=config.softcap, **sampler)  # fmt: skip
+    res = policy_loss(out.logp, advantages, mask, old_logprobs=old, ref_logprobs=ref, rollout_logprobs=rollout,
+                      entropy=out.entropy, config=config, normalizer=normalizer, impl=impl)  # fmt: skip
+    live = mask if mask.dtype == torch.bool else mask != 0
+    outside = (out.outside & live).sum().float() / live.sum().clamp(min=1).float()
+    return LossOutput(res.loss, {**res.metrics, "outside_kept_frac": outside})
 
 
 class GRPOLoss(nn.Module):

@@ -10,14 +10,15 @@
 Tied embeddings need nothing special: the head's weight IS the input embedding's Parameter, so autograd
 adds both gradients. Models that multiply their logits by a constant get that constant folded into the
 returned weight and bias (exact: the scaled logits are `hidden @ (s W)^T + s b`). Models whose logits
-go through a non-linear soft-cap (Gemma 2/3) are refused: the fused log-softmax has no tanh in it.
+go through a soft-cap (Gemma 2/3) need `return_softcap=True`: the cap is returned and must be given to the loss
+(`LossConfig(softcap=...)`); without it they are refused, so a capped model never gets uncapped log-probs.
 """
 
 import numbers
 
 import torch
 
-__all__ = ["hidden_and_head", "lm_body_and_head"]
+__all__ = ["head_softcap", "hidden_and_head", "lm_body_and_head"]
 
 # config.model_type -> how the model applies `config.logits_scaling` to its logits (the same field name
 # means opposite things in different families, so an unknown family is refused, not guessed).
@@ -40,12 +41,6 @@ def _text_config(model):
 def _logit_scale(model) -> float:
     """The constant the model multiplies its logits by after the head (1.0 for most models)."""
     config = _text_config(model)
-    softcap = getattr(config, "final_logit_softcapping", None)
-    if softcap is not None:
-        raise ValueError(
-            f"{type(model).__name__} soft-caps its logits (final_logit_softcapping={softcap}): cap * tanh(z / cap) "
-            "is not a linear head, so the fused log-probs would differ from the model's; not supported"
-        )
     scale = 1.0
     cohere = getattr(model, "logit_scale", None)  # Cohere: logits * logit_scale
     if cohere is not None:
@@ -70,7 +65,27 @@ def _logit_scale(model) -> float:
     return scale
 
 
-def lm_body_and_head(model) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor | None]:
+def head_softcap(model) -> float | None:
+    """The model's final-logit soft-cap (Gemma 2/3's `final_logit_softcapping`), or None: pass it as
+    `LossConfig(softcap=...)` / `token_logprobs(..., softcap=...)` (docs/math.md §8)."""
+    softcap = getattr(_text_config(model), "final_logit_softcapping", None)
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not 0 < softcap < float("inf"):
+        raise ValueError(f"{type(model).__name__}: final_logit_softcapping must be finite and > 0, got {softcap!r}")
+    return float(softcap)
+
+
+def _refuse_softcap(model, return_softcap: bool) -> None:
+    cap = head_softcap(model)
+    if cap is not None and not return_softcap:
+        raise ValueError(
+            f"{type(model).__name__} soft-caps its logits (final_logit_softcapping={cap}): pass return_softcap=True "
+            "and give the cap to the loss (LossConfig(softcap=...) or token_logprobs(..., softcap=...))"
+        )
+
+
+def lm_body_and_head(model, *, return_softcap: bool = False):
     """The body and head of a Hugging Face causal LM, for `grpo_loss` / `token_logprobs`.
 
     Args:
@@ -78,10 +93,13 @@ def lm_body_and_head(model) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor
             `get_decoder()` (or the `base_model_prefix` attribute) the body, whose output's
             `last_hidden_state` is the hidden state after the final norm.
 
+        return_softcap: also return the model's final-logit soft-cap (None for most models). A model that
+            soft-caps its logits is refused without it: the cap must reach the loss.
+
     Returns:
-        (body, weight `[V, D]`, bias `[V]` or None) such that `hidden @ weight.T + bias` are exactly the
-        model's logits. Without a logit scale, `weight` and `bias` are the head's own Parameters (tied
-        embeddings included); with one, a differentiable product of them.
+        (body, weight `[V, D]`, bias `[V]` or None[, softcap]) such that `softcap(hidden @ weight.T + bias)`
+        are exactly the model's logits. Without a logit scale, `weight` and `bias` are the head's own Parameters
+        (tied embeddings included); with one, a differentiable product of them.
 
     Raises:
         ValueError: no separable body and linear head, or a logit transform that is not a constant scale.
@@ -101,27 +119,34 @@ def lm_body_and_head(model) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor
     bias = getattr(head, "bias", None)
     if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (weight.shape[0],)):
         raise ValueError(f"{name}'s head bias must be a [{weight.shape[0]}] tensor or None, got {bias!r}")
+    _refuse_softcap(model, return_softcap)
     scale = _logit_scale(model)
     if scale != 1.0:
         weight = weight * scale
         bias = None if bias is None else bias * scale
-    return body, weight, bias
+    return (body, weight, bias, head_softcap(model)) if return_softcap else (body, weight, bias)
 
 
-def hidden_and_head(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **body_kwargs):
+def hidden_and_head(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *, return_softcap: bool = False,
+    **body_kwargs,
+):  # fmt: skip
     """Run the body of a causal LM; return its final-normed hidden states and the head.
 
     Args:
         model: as for `lm_body_and_head`.
         input_ids: `[B, T]` token ids. attention_mask: optional `[B, T]`.
+        return_softcap: also return the model's final-logit soft-cap, as `lm_body_and_head`.
         **body_kwargs: passed to the body (e.g. `position_ids`, `use_cache=False`).
 
     Returns:
-        (hidden `[B, T, D]`, weight `[V, D]`, bias `[V]` or None); position t of hidden predicts token t + 1.
+        (hidden `[B, T, D]`, weight `[V, D]`, bias `[V]` or None[, softcap]); position t of hidden predicts
+        token t + 1.
     """
-    body, weight, bias = lm_body_and_head(model)
+    _refuse_softcap(model, return_softcap)
+    body, weight, bias = lm_body_and_head(model, return_softcap=True)[:3]
     out = body(input_ids=input_ids, attention_mask=attention_mask, **body_kwargs)
     hidden = getattr(out, "last_hidden_state", None)
     if hidden is None:
         raise ValueError(f"the body of {type(model).__name__} returned no last_hidden_state")
-    return hidden, weight, bias
+    return (hidden, weight, bias, head_softcap(model)) if return_softcap else (hidden, weight, bias)

@@ -9,6 +9,7 @@ import torch
 from fastrl.kernels import STATS, PolicyLossParams, policy_rows, resolve_impl
 
 from .config import LossConfig
+from .normalizer import Normalizer
 from .weights import policy_weight, rejection_keep
 
 __all__ = ["METRIC_KEYS", "LossOutput", "Normalizer", "policy_loss"]
@@ -36,14 +37,6 @@ _TOKENS = STATS.index("tokens")
 class LossOutput(NamedTuple):
     loss: torch.Tensor  # scalar float32, differentiable
     metrics: dict  # name → detached 0-dim float32 tensor (no host sync); means over this call's masked tokens
-
-
-class Normalizer(NamedTuple):
-    """A micro-batch's divisors: `policy` as `normalizer=`; `accumulation_steps` divides the token-mean
-    entropy bonus (`entropy_agg="token-mean"`), which is a mean over this call's tokens."""
-
-    policy: object  # number, 1-element tensor or None (this call's count)
-    accumulation_steps: float = 1.0
 
 
 def _tensor(name, t, *, optional=False):

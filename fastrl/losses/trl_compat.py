@@ -2,7 +2,7 @@
 
 import torch
 
-from .policy import Normalizer
+from .normalizer import Normalizer
 
 __all__ = ["TRL_LOSS_TYPES", "config_from_trl", "trl_normalizer"]
 

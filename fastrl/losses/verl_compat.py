@@ -2,7 +2,7 @@
 
 from collections.abc import Mapping
 
-from .policy import Normalizer
+from .normalizer import Normalizer
 
 __all__ = ["VERL_KL", "VERL_POLICY_LOSSES", "config_from_verl", "verl_normalizer"]
 

@@ -4,8 +4,8 @@ Precedence: dataclass defaults < preset < config file < command-line flags.
 
 `TrainConfig.loss` is the `fastrl.LossConfig` the update uses; its knobs are declared there only. Files,
 flags and `config_to_dict` spell them flat (`eps_low: 0.28`, `--eps-low 0.28`), next to the trainer's own
-fields. The loss's `temperature` and `max_completion_length` are the sampler's (`temperature`,
-`max_completion_length` below): the loss must score the distribution the completions were drawn from.
+fields. The loss's `temperature`, `max_completion_length`, `top_k`, `top_p` and `min_p` are the sampler's (the
+fields of the same names below): the loss must score the distribution the completions were drawn from.
 """
 
 import dataclasses
@@ -52,7 +52,9 @@ class TrainConfig:
     max_prompt_length: int = 512  # prompts are left-truncated to this many tokens
     max_completion_length: int = 32  # new tokens per completion
     temperature: float = 1.0  # sampling temperature (the loss uses the same one)
-    top_p: float = 1.0  # nucleus sampling
+    top_p: float = 1.0  # nucleus sampling (1 = off); the loss scores the truncated distribution
+    top_k: int = 0  # top-k sampling (0 = off); the loss scores the truncated distribution
+    min_p: float = 0.0  # min-p sampling (0 = off); the loss scores the truncated distribution
     vllm_gpu_memory_utilization: float = 0.35  # vLLM's share of GPU memory when colocated (on CPU: of host RAM)
     vllm_dtype: str = "auto"  # vLLM weights: auto (bf16 and a GPU: bfloat16, else float32), float32, bfloat16, float16
     vllm_kv_cache_gib: float = 0.0  # vLLM KV-cache size in GiB (0 = what vllm_gpu_memory_utilization leaves)
@@ -125,7 +127,12 @@ class TrainConfig:
             self,
             "loss",
             dataclasses.replace(
-                self.loss, temperature=self.temperature, max_completion_length=self.max_completion_length
+                self.loss,
+                temperature=self.temperature,
+                max_completion_length=self.max_completion_length,
+                top_k=self.top_k,
+                top_p=self.top_p,
+                min_p=self.min_p,
             ),
         )
 
@@ -136,7 +143,7 @@ class TrainConfig:
 
 
 # LossConfig fields that are sampler settings of the trainer (declared above, copied into `loss`)
-SAMPLER_KNOBS = ("temperature", "max_completion_length")
+SAMPLER_KNOBS = ("temperature", "max_completion_length", "top_k", "top_p", "min_p")
 _LOSS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LossConfig)}
 # the loss knobs a file or flag sets directly, in LossConfig's order
 LOSS_KNOBS = tuple(name for name in _LOSS_DEFAULTS if name not in SAMPLER_KNOBS)

@@ -19,7 +19,7 @@ from .checkpoint import save_checkpoint
 from .config import TrainConfig, config_to_dict
 from .rollout import RolloutEngine, build_prompt
 from .sharded_checkpoint import save_sharded
-from .update import sequence_logprobs, train_step
+from .update import sampler_options, sequence_logprobs, train_step
 
 
 def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, reward) -> tuple[list[Sample], dict]:
@@ -51,8 +51,9 @@ def attach_logprobs(run: Run, samples: list[Sample], config: TrainConfig) -> Non
     for field, model in targets:
         budget, pad_id = config.max_tokens_per_microbatch, run.tokenizer.pad_token_id
         logprobs = sequence_logprobs(
-            model, samples, budget, run.packed, pad_id, config.temperature, config.impl, config.bf16
-        )
+            model, samples, budget, run.packed, pad_id, config.temperature, config.impl, config.bf16,
+            sampler_options(config.loss),
+        )  # fmt: skip
         for s, lp in zip(samples, logprobs):
             setattr(s, field, lp)
 

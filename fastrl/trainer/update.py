@@ -77,11 +77,16 @@ def _plan(model, samples: list[Sample], budget: int, packed: bool, filler: Sampl
     return plan
 
 
-def _logprobs(model, mb: dict, bf16: bool, temperature: float, impl: str) -> torch.Tensor:
+def sampler_options(loss_config: LossConfig) -> dict:
+    """The sampler's truncation as `token_logprobs` keywords (docs/math.md §8)."""
+    return {k: getattr(loss_config, k) for k in ("top_k", "top_p", "min_p", "softcap")}
+
+
+def _logprobs(model, mb: dict, bf16: bool, temperature: float, impl: str, sampler: dict | None) -> torch.Tensor:
     hidden = completion_hidden(model, mb, bf16)
     weight, bias = head_params(model, hidden.dtype)
     targets = mb["targets"].to(hidden.device)
-    return token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature, impl=impl)
+    return token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature, impl=impl, **(sampler or {}))
 
 
 @torch.no_grad()
@@ -94,11 +99,12 @@ def sequence_logprobs(
     temperature: float,
     impl: str = "auto",
     bf16: bool = True,
+    sampler: dict | None = None,
 ) -> list[list[float]]:
     """Log-probs of each sample's completion tokens under `model` (no grad, fused path, same budget)."""
     rows: list[list[float]] = []
     for seqs in _plan(model, samples, budget, packed, filler_sample(pad_id, ref=False, rollout=False)):
-        logp = run_sharded(model, _logprobs, collate(seqs, packed, pad_id), bf16, temperature, impl).cpu()
+        logp = run_sharded(model, _logprobs, collate(seqs, packed, pad_id), bf16, temperature, impl, sampler).cpu()
         rows += [logp[row, : len(s.completion_ids)].tolist() for row, s in enumerate(seqs)]
     out: list[list[float]] = [[] for _ in samples]
     order = [i for idx in plan_microbatches([len(s) for s in samples], budget, packed) for i in idx]
@@ -193,6 +199,7 @@ def _microbatch_loss(model, mb, loss_config: LossConfig, normalizer: float, impl
                 temperature=loss_config.temperature,
                 return_entropy=True,
                 impl=impl,
+                **sampler_options(loss_config),
             )
             entropy_sum = float((ent * mask).sum())
     return out, entropy_sum

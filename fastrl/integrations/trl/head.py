@@ -33,8 +33,10 @@ def _compute_dtype(hidden: torch.Tensor, cast_lm_head_to_fp32: bool) -> torch.dt
     return hidden.dtype
 
 
-def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_fp32: bool = False, impl="auto"):
-    """(logp, entropy) `[B, T]` float32 of `labels` under `model`'s head on `hidden` `[B, T, D]`; -100 rows give 0."""
+def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_fp32: bool = False, impl="auto",
+                  sampler: dict | None = None):  # fmt: skip
+    """(logp, entropy) `[B, T]` float32 of `labels` under `model`'s head on `hidden` `[B, T, D]`; -100 rows give 0.
+    `sampler`: top_k / top_p / min_p keywords of `token_logprobs` (the sampler's truncation, docs/math.md §8)."""
     _, weight, bias = lm_body_and_head(model)
     hidden = hidden.to(weight.device)
     labels = labels.to(weight.device)
@@ -44,11 +46,12 @@ def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_
     bias = None if bias is None else bias.to(dtype)
     return token_logprobs(
         hidden, weight, labels, bias=bias, temperature=temperature, ignore_index=IGNORE_INDEX,
-        return_entropy=True, impl=impl,
+        return_entropy=True, impl=impl, **(sampler or {}),
     )  # fmt: skip
 
 
-def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False, impl: str = "auto"):
+def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False, impl: str = "auto",
+                       sampler: dict | None = None):  # fmt: skip
     """Make `model(..., labels=labels, fused_lm_head=True)` score the labels with fastrl's log-prob kernel.
 
     Args:
@@ -57,6 +60,8 @@ def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bo
         temperature: the logits are divided by it (the sampling temperature).
         cast_lm_head_to_fp32: run the head in float32 outside autocast (TRL's option of that name).
         impl: fastrl's kernel choice, "auto", "triton" or "torch".
+        sampler: None (the full softmax, TRL's loss) or top_k / top_p / min_p: the log-probs of the sampler's
+            truncated distribution (docs/math.md §8).
 
     Raises:
         ValueError: the model has no separable body and linear head (e.g. a soft-capped head).
@@ -80,7 +85,8 @@ def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bo
         else:
             labels = shift_labels
         logp, entropy = head_logprobs(
-            self, hidden, labels, temperature=temperature, cast_lm_head_to_fp32=cast_lm_head_to_fp32, impl=impl
+            self, hidden, labels, temperature=temperature, cast_lm_head_to_fp32=cast_lm_head_to_fp32, impl=impl,
+            sampler=sampler,
         )
         mask = labels.to(logp.device) != IGNORE_INDEX
         count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch

@@ -19,7 +19,7 @@ import dataclasses
 
 from fastrl.losses import LossConfig
 
-__all__ = ["FIELDS", "check_args", "check_model"]
+__all__ = ["FIELDS", "check_args", "check_model", "sampler_settings"]
 
 _FASTRL = (
     "loss_type epsilon epsilon_high delta beta use_bias_correction_kl importance_sampling_level temperature "
@@ -69,6 +69,20 @@ def check_args(args) -> LossConfig:
             f"router_aux_loss_coef={args.router_aux_loss_coef}: the MoE load-balancing loss is not supported"
         )
     return LossConfig.from_trl(args)
+
+
+def sampler_settings(args) -> dict:
+    """`GRPOConfig`'s top_k / top_p / min_p as `token_logprobs` keywords, for `sampler_exact=True`: the loss then
+    scores the distribution the completions were drawn from (docs/math.md §8), not TRL's full softmax."""
+    kwargs = args.generation_kwargs or {}
+    if isinstance(kwargs, dict) and {"top_k", "top_p", "min_p", "temperature"} & set(kwargs):
+        raise ValueError(f"sampler_exact=True reads top_k / top_p / min_p from GRPOConfig; generation_kwargs={kwargs} "
+                         "overrides them: set them as GRPOConfig fields")  # fmt: skip
+    if args.min_p and args.top_p < 1 and not args.use_vllm:
+        # transformers' generate applies min-p after top-p; vLLM (whose order the log-probs follow) before it
+        raise ValueError(f"sampler_exact=True with min_p={args.min_p} and top_p={args.top_p} needs use_vllm=True: "
+                         "transformers samples min-p after top-p")  # fmt: skip
+    return {"top_k": args.top_k or None, "top_p": args.top_p, "min_p": args.min_p}
 
 
 def check_model(model) -> None:

@@ -19,7 +19,7 @@ from trl import GRPOTrainer
 from fastrl.losses import policy_loss, trl_normalizer
 
 from .head import add_fastrl_lm_head
-from .options import check_args, check_model
+from .options import check_args, check_model, sampler_settings
 
 __all__ = ["FastRLGRPOTrainer", "use_fastrl"]
 
@@ -29,38 +29,49 @@ _MULTIMODAL = (
 ).split()
 
 
-def _patch_models(trainer) -> None:
+def _patch_models(trainer, sampler_exact: bool = False) -> None:
     from accelerate.utils import is_peft_model
 
+    if not isinstance(sampler_exact, bool):
+        raise TypeError(f"sampler_exact must be a bool, got {sampler_exact!r}")
     config = check_args(trainer.args)
     check_model(trainer.model)
-    fp32_head = trainer.args.cast_lm_head_to_fp32
+    head = dict(temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32,
+                sampler=sampler_settings(trainer.args) if sampler_exact else None)  # fmt: skip
     model = trainer.model.get_base_model() if is_peft_model(trainer.model) else trainer.model
-    add_fastrl_lm_head(model, temperature=trainer.temperature, cast_lm_head_to_fp32=fp32_head)
+    add_fastrl_lm_head(model, **head)
     if trainer.ref_model is not None:
-        add_fastrl_lm_head(trainer.ref_model, temperature=trainer.temperature, cast_lm_head_to_fp32=fp32_head)
+        add_fastrl_lm_head(trainer.ref_model, **head)
     trainer._fastrl_loss = config
 
 
 class FastRLGRPOTrainer(GRPOTrainer):
     """`trl.GRPOTrainer` whose log-probs and policy loss are fastrl's; same constructor, same `GRPOConfig`.
 
+    `sampler_exact=False` (default) reproduces TRL's loss, which scores the full softmax. `sampler_exact=True`
+    scores the distribution the completions were sampled from: GRPOConfig's top_k / top_p / min_p truncate the
+    policy, old and reference log-probs (and the entropy) as vLLM's sampler does (docs/math.md §8).
+
     Raises:
         ValueError: a `GRPOConfig` option (or model) fastrl cannot honour, named, before the model is loaded.
     """
 
-    def __init__(self, model, reward_funcs=None, args=None, *rest, **kwargs):
+    def __init__(self, model, reward_funcs=None, args=None, *rest, sampler_exact: bool = False, **kwargs):
         if args is not None:
             check_args(args)
+            if sampler_exact:
+                sampler_settings(args)
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
-        _patch_models(self)
+        _patch_models(self, sampler_exact)
 
     def _compute_loss(self, model, inputs):
         return _fastrl_compute_loss(self, model, inputs)
 
 
-def use_fastrl(trainer: GRPOTrainer) -> GRPOTrainer:
+def use_fastrl(trainer: GRPOTrainer, *, sampler_exact: bool = False) -> GRPOTrainer:
     """Switch an already built `GRPOTrainer` to fastrl's log-probs and loss, in place (before `train()`).
+
+    `sampler_exact`: as for `FastRLGRPOTrainer` (default False: TRL's full-softmax loss).
 
     Raises:
         TypeError: not a `trl.GRPOTrainer`. ValueError: as `FastRLGRPOTrainer`.
@@ -69,7 +80,7 @@ def use_fastrl(trainer: GRPOTrainer) -> GRPOTrainer:
         raise TypeError(f"use_fastrl needs a trl.GRPOTrainer, got {type(trainer).__name__}")
     if isinstance(trainer, FastRLGRPOTrainer):
         return trainer
-    _patch_models(trainer)
+    _patch_models(trainer, sampler_exact)
     trainer.__class__ = type("FastRL" + type(trainer).__name__, (FastRLGRPOTrainer, type(trainer)), {})
     return trainer
 

@@ -8,11 +8,19 @@ fwd.py       Triton forward kernel + launcher
 bwd.py       Triton ∂L/∂z kernel + launcher (the gradient GEMMs run in cuBLAS)
 function.py  the autograd Functions of the chunked and Triton paths
 api.py       `token_logprobs`: input checks and the public entry point
+sampling.py  the sampler's kept set (min-p, top-k, top-p) as one threshold per row, found on a logit tile
+sampled.py   the truncated / soft-capped forward and backward (docs/math.md §8)
 vocab_parallel.py  the head split by rows over a process group (docs/math.md §6)
 """
 
-from .api import token_logprobs
-from .naive import token_logprobs_reference
+from .api import sampled_token_logprobs, token_logprobs
+from .naive import sampled_logprobs_reference, token_logprobs_reference
 from .params import LogprobParams
 
-__all__ = ["LogprobParams", "token_logprobs", "token_logprobs_reference"]
+__all__ = [
+    "LogprobParams",
+    "sampled_logprobs_reference",
+    "sampled_token_logprobs",
+    "token_logprobs",
+    "token_logprobs_reference",
+]

@@ -6,8 +6,10 @@ import torch
 
 from ..dispatch import resolve_impl, token_logprobs_impl
 from .params import MIN_TEMPERATURE, LogprobParams
+from .sampled import SampledLogprobs, token_logprobs_sampled
+from .sampling import truncation
 
-__all__ = ["check_temperature", "token_logprobs"]
+__all__ = ["check_temperature", "sampled_token_logprobs", "token_logprobs"]
 
 
 def check_temperature(temperature, shape: tuple, device: torch.device) -> None:
@@ -38,10 +40,11 @@ def _check_inputs(hidden, weight, targets, bias, temperature, sharded: bool = Fa
         raise ValueError(
             f"hidden's last dim must equal weight's D: hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}"
         )
-    if weight.dtype != hidden.dtype:
+    fp32_head = weight.dtype == torch.float32 and hidden.dtype in (torch.float16, torch.bfloat16)
+    if weight.dtype != hidden.dtype and not fp32_head:
         raise TypeError(
-            f"hidden and weight must share a dtype, got {hidden.dtype} and {weight.dtype} (under torch.autocast "
-            "the LM body returns low-precision hidden states: cast one to the other's dtype first)"
+            f"hidden and weight must share a dtype (or be half-precision with a float32 head), got {hidden.dtype} "
+            f"and {weight.dtype} (under torch.autocast the LM body returns low-precision hidden states)"
         )
     if weight.device != hidden.device:
         raise ValueError(f"hidden and weight must be on one device, got {hidden.device} and {weight.device}")
@@ -58,9 +61,9 @@ def _check_inputs(hidden, weight, targets, bias, temperature, sharded: bool = Fa
             raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
         if tuple(bias.shape) != (weight.shape[0],):
             raise ValueError(f"bias must be [V] = [{weight.shape[0]}], got shape {tuple(bias.shape)}")
-        if bias.dtype != hidden.dtype or bias.device != hidden.device:
+        if bias.dtype != weight.dtype or bias.device != hidden.device:
             raise TypeError(
-                f"bias must match hidden's dtype and device ({hidden.dtype}, {hidden.device}), "
+                f"bias must match weight's dtype and hidden's device ({weight.dtype}, {hidden.device}), "
                 f"got ({bias.dtype}, {bias.device})"
             )
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
@@ -90,6 +93,11 @@ def token_logprobs(
     return_entropy: bool = False,
     impl: str = "auto",
     process_group=None,
+    top_k: int | torch.Tensor | None = None,
+    top_p: float | torch.Tensor | None = None,
+    min_p: float | torch.Tensor | None = None,
+    softcap: float | None = None,
+    return_topk: int | None = None,
 ):
     """Log-probability of each target token, straight from hidden states and the LM-head weight.
 
@@ -110,9 +118,20 @@ def token_logprobs(
             dim 0 over this group), while hidden and targets are the full ones on every rank. The result and
             d_hidden equal the unsharded call's on every rank; d_weight / d_bias are this rank's rows.
             Every rank of the group must make the call.
+        top_k, top_p, min_p: vLLM's sampler truncation (docs/math.md §8), in its order (min-p, top-k, top-p on
+            what is left): logp and entropy are those of the kept set's renormalized softmax. Each a number, or a
+            per-row `[B]` (targets' first dim) / per-token (targets' shape) tensor; None, top_k <= 0 or >= V,
+            top_p = 1 and min_p = 0 are off and cost nothing. Not with process_group.
+        softcap: the model's final-logit soft-cap `cap·tanh(x / cap)`, applied before the temperature.
+        return_topk: k: also return the ids `[..., k]` (int64) and log-probs `[..., k]` (float32, no gradient) of
+            the k most likely tokens of the (truncated) distribution; −inf for a token outside the kept set.
 
     Returns:
-        logp `[...]` float32, or `(logp, entropy)` with return_entropy=True.
+        logp `[...]` float32, or `(logp, entropy)` with return_entropy=True; with return_topk the two top-k
+        tensors follow: `(logp, [entropy,] topk_ids, topk_logprobs)`.
+
+    A float32 head with bfloat16/float16 hidden states (TRL's `cast_lm_head_to_fp32`) computes the logits in
+    float32 as that head does; d_hidden comes back in hidden's dtype, d_weight in float32.
 
     Both implementations compute in the inputs' dtype whatever torch.autocast says: under autocast,
     cast the LM body's output and the head weight to one dtype first. Differentiable once (a second
@@ -128,8 +147,21 @@ def token_logprobs(
             "weight is a DTensor: pass process_group= for a vocab-parallel call (hidden and targets identical on "
             "every rank), or gather it into a plain tensor first"
         )
+    if any(x is not None for x in (top_k, top_p, min_p, softcap, return_topk)):
+        if process_group is not None:
+            raise ValueError("top_k / top_p / min_p / softcap / return_topk are not supported with process_group")
+        out = sampled_token_logprobs(
+            hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index,
+            return_entropy=return_entropy, impl=impl, top_k=top_k, top_p=top_p, min_p=min_p, softcap=softcap,
+            return_topk=return_topk,
+        )  # fmt: skip
+        res = (out.logp,) + ((out.entropy,) if return_entropy else ())
+        res += (out.topk_ids, out.topk_logprobs) if return_topk is not None else ()
+        return res[0] if len(res) == 1 else res
     per_token = isinstance(temperature, torch.Tensor)
     _check_inputs(hidden, weight, targets, bias, 1.0 if per_token else temperature, sharded=process_group is not None)
+    if hidden.dtype != weight.dtype:
+        hidden = hidden.to(weight.dtype)  # an O(N·D) float32 copy; autograd casts d_hidden back
     if per_token:
         check_temperature(temperature, targets.shape, hidden.device)
         if bias is not None:
@@ -170,3 +202,63 @@ def token_logprobs(
         logp, entropy = token_logprobs_impl(impl)(h2, weight, t1, bias, params)
     logp = logp.reshape(lead)
     return (logp, entropy.reshape(lead)) if return_entropy else logp
+
+
+def _check_softcap(softcap):
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float or None, got {type(softcap).__name__} {softcap!r}")
+    if not 0 < softcap < float("inf"):
+        raise ValueError(f"softcap must be finite and > 0, got {softcap}")
+    return float(softcap)
+
+
+def sampled_token_logprobs(
+    hidden, weight, targets, *, bias=None, temperature=1.0, ignore_index=-100, return_entropy=False, impl="auto",
+    top_k=None, top_p=None, min_p=None, softcap=None, return_topk=None,
+) -> SampledLogprobs:  # fmt: skip
+    """`token_logprobs` with the sampler's options (docs/math.md §8), every output in one SampledLogprobs shaped
+    like targets, `outside` included (the target is not in the kept set; all False when nothing is dropped)."""
+    per_token = isinstance(temperature, torch.Tensor)
+    _check_inputs(hidden, weight, targets, bias, 1.0 if per_token else temperature)
+    if per_token:
+        check_temperature(temperature, targets.shape, hidden.device)
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
+    softcap = _check_softcap(softcap)
+    vocab, lead = weight.shape[0], targets.shape
+    trunc = truncation(top_k, top_p, min_p, lead, vocab, hidden.device)
+    if return_topk is not None and (
+        isinstance(return_topk, bool) or not isinstance(return_topk, numbers.Integral) or not 0 < return_topk <= vocab
+    ):
+        raise ValueError(f"return_topk must be None or an int in [1, V={vocab}], got {return_topk!r}")
+    if trunc is None and softcap is None and return_topk is None:  # everything off: the plain op, at no cost
+        out = token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index,
+                             return_entropy=return_entropy, impl=impl)  # fmt: skip
+        logp, entropy = out if return_entropy else (out, None)
+        return SampledLogprobs(logp, entropy, torch.zeros(lead, dtype=torch.bool, device=hidden.device), None, None)
+    impl = resolve_impl(impl, hidden.device)
+    targets = targets.long()
+    _check_targets_range(targets, vocab, int(ignore_index))
+    if not -(2**31) <= ignore_index < 2**31:
+        targets = torch.where(targets == ignore_index, -1, targets)
+        ignore_index = -1
+    h2 = hidden.reshape(targets.numel(), hidden.shape[-1])
+    tau = temperature.reshape(-1).float() if per_token else float(temperature)
+    if impl == "triton" and (per_token or h2.dtype != weight.dtype):
+        if per_token and softcap is None and bias is None:
+            h2, tau = h2 / tau.to(h2.dtype).unsqueeze(-1), 1.0  # z_t / τ_t = (h_t / τ_t)·Wᵀ without bias or cap
+        elif per_token:
+            impl = "torch"  # the Triton kernels take one temperature: per-token τ with a soft-cap or bias runs here
+        h2 = h2.to(weight.dtype)
+    params = LogprobParams(tau if isinstance(tau, float) else 1.0, int(ignore_index), bool(return_entropy), softcap)
+    out = token_logprobs_sampled(h2, weight, targets.reshape(-1), bias, tau, trunc, params, impl, return_topk)
+    k = return_topk
+    return SampledLogprobs(
+        out.logp.reshape(lead),
+        None if out.entropy is None else out.entropy.reshape(lead),
+        out.outside.reshape(lead),
+        None if k is None else out.topk_ids.reshape(*lead, k),
+        None if k is None else out.topk_logprobs.reshape(*lead, k),
+    )

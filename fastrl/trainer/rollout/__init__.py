@@ -45,5 +45,6 @@ def make_engine(name: str, model, tokenizer, config) -> RolloutEngine:
 
         return VLLMEngine(config, tokenizer, model)
     if name == "hf":
-        return HFEngine(model, tokenizer, config.max_completion_length, config.temperature, config.top_p)
+        return HFEngine(model, tokenizer, config.max_completion_length, config.temperature, config.top_p,
+                        config.top_k, config.min_p)  # fmt: skip
     raise ValueError(f"unknown rollout engine {name!r}; use 'auto', 'hf' or 'vllm'")

@@ -24,9 +24,14 @@ class HFEngine:
     samples exactly like an unpadded one.
     """
 
-    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0):
+    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, min_p: float = 0.0):  # fmt: skip
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        if min_p > 0 and top_p < 1:
+            # transformers applies min-p after top-p, vLLM (whose order the loss follows) before it
+            raise ValueError(f"the hf engine samples min_p={min_p} after top_p={top_p}, unlike vLLM and the loss: "
+                             "use one of them, or the vllm engine")  # fmt: skip
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = end_token_ids(model, tokenizer)
         # Our own config, swapped in during generate: transformers fills "unset" fields of a passed config
@@ -36,7 +41,8 @@ class HFEngine:
             do_sample=True,
             temperature=temperature,
             top_p=top_p,
-            top_k=0,
+            top_k=top_k,
+            min_p=min_p if min_p > 0 else None,
             max_new_tokens=max_new_tokens,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_ids,

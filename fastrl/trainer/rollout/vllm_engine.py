@@ -60,7 +60,7 @@ class VLLMEngine:
         self.tokenizer, self._params = tokenizer, SamplingParams
         path = config.model
         if config.model == "tiny":  # in memory only: write it, with a fast tokenizer, where vLLM can load it
-            from ..tiny import save_tiny
+            from ..tiny.export import save_tiny
 
             self._export = tempfile.TemporaryDirectory(prefix="fastrl-tiny-")
             path = save_tiny(model, tokenizer, self._export.name)
@@ -86,6 +86,7 @@ class VLLMEngine:
             config.temperature,
             config.top_p,
         )
+        self.top_k, self.min_p = config.top_k, config.min_p
         self.asleep = False
 
     def generate(self, prompts: list[list[int]], n: int, want_logprobs: bool = False) -> list[Completion]:
@@ -99,6 +100,8 @@ class VLLMEngine:
             n=n,
             temperature=self.temperature,
             top_p=self.top_p,
+            top_k=self.top_k,  # 0: off
+            min_p=self.min_p,
             max_tokens=self.max_new_tokens,
             logprobs=0 if want_logprobs else None,  # 0: only the sampled token's log-prob
             stop_token_ids=self.stop_ids,

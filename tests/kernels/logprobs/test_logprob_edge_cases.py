@@ -61,10 +61,12 @@ def test_autocast_region_gives_fp32_math_and_consistent_gradients(impl):
     torch.testing.assert_close(weight.grad.double(), w64.grad, rtol=1e-5, atol=1e-5)
 
 
-def test_mixed_dtypes_from_autocast_get_a_clear_error():
-    hidden, weight = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(11, 8)
-    with pytest.raises(TypeError, match="autocast"):
-        fastrl.token_logprobs(hidden, weight, torch.zeros(4, dtype=torch.long), impl="torch")
+def test_mixed_dtypes_other_than_a_float32_head_get_a_clear_error():
+    # bf16 hidden states with a float32 head are the fp32-head case (docs/math.md §8); the other mixes are errors
+    for h_dtype, w_dtype in ((torch.float32, torch.bfloat16), (torch.float16, torch.bfloat16)):
+        hidden, weight = torch.randn(4, 8, dtype=h_dtype), torch.randn(11, 8, dtype=w_dtype)
+        with pytest.raises(TypeError, match="autocast"):
+            fastrl.token_logprobs(hidden, weight, torch.zeros(4, dtype=torch.long), impl="torch")
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -1,0 +1,199 @@
+"""Log-probs of the distribution the sampler drew from: truncated, soft-capped, any head dtype (docs/math.md §8).
+
+One forward pass over row chunks builds each `[C, V]` tile of final logits once, finds the row's threshold θ
+on it (sampling.py), and keeps only O(N) statistics: the row max, log Σ_S exp(z − max), the entropy, θ. The
+backward recomputes each tile from hidden, weight and those statistics (S = {z ≥ θ} again, with no search)
+and forms ∂h of the chunk whole, ∂W and ∂b accumulated in float32. With `impl="triton"` the same pass runs
+without gradient to find θ (one extra logit GEMM), and the Triton kernels take θ for the log-probs.
+"""
+
+import dataclasses
+from typing import NamedTuple
+
+import torch
+
+from ..autograd import differentiable_once
+from ..dispatch import token_logprobs_impl
+from .chunked import chunk_bytes, no_autocast
+from .params import LogprobParams
+from .sampling import Truncation, Workspace, logit_tile, tile_threshold
+
+__all__ = ["SampledLogprobs", "sampled_forward", "token_logprobs_sampled"]
+
+
+class SampledLogprobs(NamedTuple):
+    logp: torch.Tensor  # [N] float32
+    entropy: torch.Tensor | None  # [N] float32, with return_entropy
+    outside: torch.Tensor  # [N] bool: the target is not in the kept set (z_y < θ)
+    topk_ids: torch.Tensor | None  # [N, k] int64, with return_topk
+    topk_logprobs: torch.Tensor | None  # [N, k] float32 (−inf for a token outside S)
+
+
+def _rows(n_live: int, vocab: int) -> int:
+    # the forward holds about 24 bytes per tile element (logits, exp, scratch, int64 bin ids, two masks)
+    return max(16, chunk_bytes(n_live, vocab) // (24 * max(vocab, 1)))
+
+
+def _live(targets, ignore_index):
+    valid = targets != ignore_index
+    return None if bool(valid.all()) else torch.nonzero(valid).squeeze(-1)
+
+
+def _tau_rows(tau, idx):
+    return tau[idx].unsqueeze(1) if isinstance(tau, torch.Tensor) else tau
+
+
+def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None, params: LogprobParams, topk=None):
+    """`[N, D]`, `[V, D]`, `[N]` → (SampledLogprobs, stats `[4, N]`: row max, log Σ_S exp(z − max), H, θ)."""
+    n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
+    zeros = lambda *s, dt=torch.float32: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
+    logp, stats, outside = zeros(n), zeros(4, n), zeros(n, dt=torch.bool)
+    stats[3] = float("-inf")
+    entropy = zeros(n) if params.return_entropy else None
+    top_ids = zeros(n, topk, dt=torch.int64) if topk else None
+    top_lp = zeros(n, topk) if topk else None
+    live = _live(targets, params.ignore_index)
+    n_live = n if live is None else live.numel()
+    rows = _rows(n_live, v)
+    ws = Workspace(min(rows, n_live), v, dev)
+    for start in range(0, n_live, rows):
+        stop = min(n_live, start + rows)
+        idx = slice(start, stop) if live is None else live[start:stop]
+        c = stop - start
+        z = logit_tile(hidden[idx], weight, bias, params.softcap, _tau_rows(tau, idx), out=ws.get("z", c))
+        zmax = z.amax(1)
+        theta = None if trunc is None else tile_threshold(z, zmax, trunc.rows(idx), ws)
+        zc = torch.sub(z, zmax.unsqueeze(1), out=ws.get("tmp", c))
+        e = torch.exp(zc, out=ws.get("e", c))
+        if theta is not None:
+            e.masked_fill_(torch.lt(z, theta.unsqueeze(1), out=ws.get("mask", c, torch.bool)), 0.0)
+        s = e.sum(1)
+        log_s = s.log()
+        zy = z.gather(1, targets[idx].unsqueeze(1)).squeeze(1)
+        logp[idx] = zy - zmax - log_s
+        stats[0, idx], stats[1, idx] = zmax, log_s
+        if theta is not None:
+            stats[3, idx], outside[idx] = theta, zy < theta
+        if entropy is not None:
+            # −Σ_S p log p = log s − Σ_S e·(z − max)/s; a −inf logit has e = 0 and a finite stand-in for z − max
+            h = log_s - zc.clamp_(min=torch.finfo(torch.float32).min).mul_(e).sum(1) / s
+            entropy[idx], stats[2, idx] = h, h
+        if topk:
+            vals, ids = z.topk(topk, dim=1)
+            lp = vals - (zmax + log_s).unsqueeze(1)
+            if theta is not None:
+                lp.masked_fill_(vals < theta.unsqueeze(1), float("-inf"))
+            top_ids[idx], top_lp[idx] = ids, lp
+    return SampledLogprobs(logp, entropy, outside, top_ids, top_lp), stats
+
+
+def sampled_backward(hidden, weight, targets, bias, tau, stats, grad_logp, grad_entropy, params, needs):
+    """(d_hidden, d_weight, d_bias) with S held fixed: ∂z = g·(1[v=y] − p_S) − e·p_S·(log p_S + H), then through
+    the temperature and the soft-cap. Walks the vocabulary (each chunk's ∂W rows complete in one GEMM) over the
+    live rows; ignored rows get none."""
+    live = _live(targets, params.ignore_index)
+    if live is not None:
+        pick = lambda t: t.index_select(-1, live) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        d_hidden, d_weight, d_bias = sampled_backward(
+            hidden.index_select(0, live), weight, targets.index_select(0, live), bias, pick(tau), pick(stats),
+            pick(grad_logp), pick(grad_entropy), params, needs,
+        )  # fmt: skip
+        if d_hidden is not None:
+            d_hidden = torch.zeros_like(hidden).index_copy_(0, live, d_hidden)
+        return d_hidden, d_weight, d_bias
+    n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
+    cap, col = params.softcap, lambda t: t.unsqueeze(1)
+    tau_c = col(tau) if isinstance(tau, torch.Tensor) else tau
+    inv_tau = 1.0 / tau_c
+    g = None if grad_logp is None else col(grad_logp.float()) * inv_tau  # τ folded into the row factors
+    eg = None if grad_entropy is None else col(grad_entropy.float()).neg() * inv_tau
+    lse, theta, ent = col(stats[0] + stats[1]), col(stats[3]), col(stats[2])
+    h32 = hidden.float()
+    d_hidden = torch.zeros(n, hidden.shape[1], dtype=torch.float32, device=dev) if needs[0] else None
+    d_weight = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if needs[1] else None
+    d_bias = torch.empty(v, dtype=bias.dtype, device=dev) if needs[2] else None
+    if g is not None:
+        order = torch.argsort(targets)  # rows sorted by target id, to find each chunk's targets fast
+        hits = targets[order]
+    cols = max(64, chunk_bytes(n, v) // (12 * max(n, 1)))
+    ws = Workspace(n, min(cols, v), dev)
+    for start in range(0, v, cols):
+        sl = slice(start, min(v, start + cols))
+        c = sl.stop - sl.start
+        buf = lambda name, dt=torch.float32: ws.get(name, n, dt)[:, :c] if c == ws.vocab else torch.empty(  # noqa: E731
+            n, c, dtype=dt, device=dev)  # fmt: skip
+        z = logit_tile(hidden, weight[sl], None if bias is None else bias[sl], cap, tau_c, out=buf("z"))
+        drop = torch.lt(z, theta, out=buf("mask", torch.bool))
+        if cap is not None:
+            factor = torch.mul(z, tau_c / cap, out=buf("f"))
+            factor.square_().neg_().add_(1.0)  # 1 − tanh²(x / cap)
+        logq = z.sub_(lse)
+        p = torch.exp(logq, out=buf("p")).masked_fill_(drop, 0.0)
+        if eg is not None:
+            dz = logq.clamp_(min=torch.finfo(torch.float32).min).add_(ent).mul_(p).mul_(eg)
+            if g is not None:
+                dz.addcmul_(p, g, value=-1.0)
+        elif g is not None:
+            dz = p.mul_(-g)
+        else:
+            dz = p.zero_()
+        if g is not None:
+            lo, hi = torch.searchsorted(hits, torch.tensor([sl.start, sl.stop], device=dev)).tolist()
+            rows = order[lo:hi]
+            dz.index_put_((rows, targets[rows] - sl.start), g[rows, 0], accumulate=True)
+        if cap is not None:
+            dz.mul_(factor)
+        if d_bias is not None:
+            d_bias[sl] = dz.sum(0)
+        if d_weight is not None:
+            d_weight[sl] = dz.T @ h32
+        if d_hidden is not None:
+            d_hidden.addmm_(dz, weight[sl].float())
+    return None if d_hidden is None else d_hidden.to(hidden.dtype), d_weight, d_bias
+
+
+class SampledLogprobFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, tau, trunc, params: LogprobParams, topk):
+        with no_autocast(hidden):
+            out, stats = sampled_forward(hidden, weight, targets, bias, tau, trunc, params, topk)
+        ctx.params, ctx.tau = params, tau
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(hidden, weight, bias, targets, stats)
+        extra = [t for t in (out.outside, out.topk_ids, out.topk_logprobs) if t is not None]
+        ctx.mark_non_differentiable(*extra)
+        return out.logp, out.entropy, *extra
+
+    @staticmethod
+    @differentiable_once  # the backward is hand-written: a second derivative must raise, not be wrong
+    def backward(ctx, grad_logp, grad_entropy, *_):
+        hidden, weight, bias, targets, stats = ctx.saved_tensors
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2])
+        if grad_logp is None and grad_entropy is None or not any(needs):
+            return (None,) * 8
+        with no_autocast(hidden):
+            d_hidden, d_weight, d_bias = sampled_backward(
+                hidden, weight, targets, bias, ctx.tau, stats, grad_logp, grad_entropy, ctx.params, needs
+            )
+        return d_hidden, d_weight, d_bias, None, None, None, None, None
+
+
+def token_logprobs_sampled(hidden, weight, targets, bias, tau, trunc, params, impl, topk=None) -> SampledLogprobs:
+    """`[N, D]` rows → SampledLogprobs of the truncated, soft-capped distribution (docs/math.md §8).
+
+    tau: a float (then params.temperature) or an `[N]` float32 tensor; trunc: per-row rules or None.
+    impl "triton" (a float tau, hidden in weight's dtype): θ from a no-grad pass here, the log-probs and their
+    gradients from the Triton kernels."""
+    if impl == "triton" and not isinstance(tau, torch.Tensor) and hidden.shape[0]:
+        with torch.no_grad(), no_autocast(hidden):
+            search = dataclasses.replace(params, return_entropy=False)
+            out, stats = sampled_forward(hidden, weight, targets, bias, tau, trunc, search, topk)
+        theta = None if trunc is None else stats[3]
+        logp, entropy = token_logprobs_impl("triton")(hidden, weight, targets, bias, params, theta=theta)
+        return SampledLogprobs(logp, entropy, out.outside, out.topk_ids, out.topk_logprobs)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    if not grad:
+        with no_autocast(hidden):
+            return sampled_forward(hidden, weight, targets, bias, tau, trunc, params, topk)[0]
+    logp, entropy, outside, *top = SampledLogprobFunction.apply(hidden, weight, bias, targets, tau, trunc, params, topk)
+    return SampledLogprobs(logp, entropy, outside, *(top if top else (None, None)))
