@@ -94,7 +94,7 @@ def logprob_dz_kernel(
         b_b = tl.load(bias + o_v * stride_b, mask=m_c, other=0.0).to(tl.float32)
         b_z += b_b[None, :]
     if HAS_SOFTCAP:
-        b_z, b_dcap = softcap_tile(b_z, softcap)  # [BN, BV]: the capped logit and ∂cap/∂x
+        b_z = softcap_tile(b_z, softcap)  # [BN, BV]
     if HAS_ROW_SCALE:
         b_scale = row_scale_of(row_scale, o_n, m_n, inv_temperature)[:, None]  # [BN, 1]
     else:
@@ -105,21 +105,27 @@ def logprob_dz_kernel(
     m_r = m_n & (b_y != ignore_index)
     b_lse = tl.load(lse + o_n, mask=m_n, other=0.0)
     b_g = tl.load(grad_logp + o_n, mask=m_r, other=0.0)
-    b_p = tl.exp(b_z - b_lse[:, None])  # [BN, BV]
+    b_lp = b_z - b_lse[:, None]  # [BN, BV] log p
     if HAS_THRESHOLD:
         # the kept set is fixed: a dropped token has p = 0 (its one-hot term, for a dropped target, stays)
         b_theta = tl.load(theta + o_n, mask=m_n, other=float("-inf"))
-        b_p = tl.where(b_z >= b_theta[:, None], b_p, 0.0)
-    b_dz = tl.where(o_c[None, :] == (b_y - v_lo)[:, None], b_g[:, None], 0.0) - b_g[:, None] * b_p
+        b_lp = tl.where(b_z >= b_theta[:, None], b_lp, float("-inf"))
+    b_p = tl.exp(b_lp)  # [BN, BV]
     if HAS_ENTROPY_GRAD:
-        # z − Σ_u p z = log p + H
+        # z − Σ_u p z = log p + H; p = 0 (a −inf bias, a dropped token): no entropy gradient, not 0·(−inf)
         b_h = tl.load(entropy + o_n, mask=m_n, other=0.0)
         b_e = tl.load(grad_entropy + o_n, mask=m_r, other=0.0)
-        # p = 0 (a −inf bias, a dropped token): no entropy gradient, not 0·(−inf) = NaN
-        b_dz -= tl.where(b_p > 0.0, b_e[:, None] * b_p * (b_z - b_lse[:, None] + b_h[:, None]), 0.0)
-    b_dz = b_dz * b_scale
+        b_p = tl.where(b_p > 0.0, b_p * (b_g[:, None] + b_e[:, None] * (b_lp + b_h[:, None])), 0.0)
+    else:
+        b_p = b_p * b_g[:, None]
+    b_yc = (b_y - v_lo).to(tl.int32)  # the target's column in this chunk (a vocab index: int32 even if v_lo is not)
+    b_dz = tl.where(o_c[None, :] == b_yc[:, None], b_g[:, None], 0.0) - b_p
     if HAS_SOFTCAP:
-        b_dz = b_dz * b_dcap
+        # ∂cap/∂x = 1 − tanh², tanh = z / (cap·scale): recomputed here, not a second live tile
+        b_tanh = b_z * (1.0 / (b_scale * softcap))
+        b_dz = b_dz * b_scale * (1.0 - b_tanh * b_tanh)
+    else:
+        b_dz = b_dz * b_scale
     b_dz = tl.where(m_r[:, None] & m_c[None, :], b_dz, 0.0)
 
     p_dz = dz + o_n[:, None] * stride_dzn + o_c[None, :]
@@ -189,7 +195,9 @@ def logprob_backward(
         grad_entropy = grad_entropy.float().contiguous()
     grad_logp = grad_logp.contiguous()
 
-    fn, kwargs = configs.kernel_and_kwargs("logprob_dz", logprob_dz_kernel, dev)
+    sampled = theta is not None or row_scale is not None or params.softcap is not None
+    name = configs.logprob_kernel("logprob_dz", sampled, hidden.dtype != weight.dtype)
+    fn, kwargs = configs.kernel_and_kwargs(name, logprob_dz_kernel, dev)
     dz = configs.alloc((n, chunk_cols), weight.dtype, dev)
     d_weight = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if needs[1] else None
     d_bias = torch.empty(v, dtype=torch.float32, device=dev) if needs[2] else None

@@ -64,7 +64,7 @@ def _target_logit(
     if HAS_BIAS:
         b_acc += tl.load(bias + o_y * stride_b, mask=m_y, other=0.0).to(tl.float32)
     if HAS_SOFTCAP:
-        b_acc, _ = softcap_tile(b_acc, softcap)
+        b_acc = softcap_tile(b_acc, softcap)
     return b_acc * b_scale
 
 
@@ -144,13 +144,14 @@ def logprob_fwd_kernel(
             b_b = tl.load(bias + o_v.to(tl.int64) * stride_b, mask=m_v, other=0.0).to(tl.float32)
             b_z += b_b[None, :]
         if HAS_SOFTCAP:
-            b_z, _ = softcap_tile(b_z, softcap)
+            b_z = softcap_tile(b_z, softcap)
         if HAS_ROW_SCALE:
             b_z = b_z * b_scale[:, None]
         else:
             b_z = b_z * b_scale
         if HAS_THRESHOLD:
-            # outside the kept set a token is a masked column: it moves neither the max nor any sum
+            # a dropped token is a masked column: it moves neither the max nor any sum. A split without a
+            # kept token keeps max -1e30 (its sums count exp(0) = 1s), and the merge weighs it by exp(-1e30 − M) = 0
             m_keep = m_v[None, :] & (b_z >= b_theta[:, None])  # [BN, BV]
         else:
             m_keep = m_v[None, :]
@@ -160,9 +161,6 @@ def logprob_fwd_kernel(
         b_alpha = tl.exp(b_m - b_mn)
         b_zc = b_z - b_mn[:, None]
         b_p = tl.exp(b_zc)  # [BN, BV]
-        if HAS_THRESHOLD:
-            # a split may hold none of a row's kept tokens: its max stays -1e30 and exp(z − m) would be 1
-            b_p = tl.where(m_keep, b_p, 0.0)
         if HAS_ENTROPY:
             b_t = b_alpha * (b_t + (b_m - b_mn) * b_s) + tl.sum(tl.where(b_p > 0.0, b_p * b_zc, 0.0), axis=1)
         b_s = b_alpha * b_s + tl.sum(b_p, axis=1)
@@ -224,8 +222,9 @@ def logprob_partials(
     """
     n, d = hidden.shape
     v = weight.shape[0]
-    fn, kwargs = configs.kernel_and_kwargs("logprob_fwd", logprob_fwd_kernel, hidden.device)
-    cfg = configs.default_config("logprob_fwd", hidden.device).kwargs
+    name = configs.logprob_kernel("logprob_fwd", False, hidden.dtype != weight.dtype)
+    fn, kwargs = configs.kernel_and_kwargs(name, logprob_fwd_kernel, hidden.device)
+    cfg = configs.default_config(name, hidden.device).kwargs
     if n_splits is None:
         n_splits = _choose_splits(n, v, cfg["BLOCK_N"], cfg["BLOCK_V"], hidden.device)
     part_m, part_s = (configs.alloc((n_splits, n), torch.float32, hidden.device) for _ in range(2))
