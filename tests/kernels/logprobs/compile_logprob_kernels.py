@@ -55,8 +55,8 @@ def build(jit_fn, cfg, arch, dtype, variant=""):
         if name in FEATURE_PTRS and FEATURE_PTRS[name] not in variant:
             signature[name], constexprs[name] = "constexpr", None
         elif name in INPUT_PTRS or name in I64_PTRS or name in FLOAT_PTRS or name in FEATURE_PTRS:
-            ty = h_dtype if name == "hidden" else w_dtype if name in INPUT_PTRS else "i64" if name in I64_PTRS else "fp32"
-            signature[name] = "*" + ty
+            ty = "i64" if name in I64_PTRS else "fp32"
+            signature[name] = "*" + (h_dtype if name == "hidden" else w_dtype if name in INPUT_PTRS else ty)
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in FLOATS:
             signature[name] = "fp32"
