@@ -150,8 +150,9 @@ def logprob_fwd_kernel(
         else:
             b_z = b_z * b_scale
         if HAS_THRESHOLD:
-            # a dropped token is a masked column: it moves neither the max nor any sum. A split without a
-            # kept token keeps max -1e30 (its sums count exp(0) = 1s), and the merge weighs it by exp(-1e30 − M) = 0
+            # a dropped token is a masked column. Tiles before a row's first kept token leave max -1e30 and
+            # count exp(0) = 1s; the first kept logit rescales them by exp(-1e30 − m) = 0 (the merge does the
+            # same to a split that holds no kept token), so no extra select is needed
             m_keep = m_v[None, :] & (b_z >= b_theta[:, None])  # [BN, BV]
         else:
             m_keep = m_v[None, :]
