@@ -65,13 +65,14 @@ def _cfg(block_n, block_v, block_d, num_warps, num_stages, **extra):
 # Two variants have their own configs. `_sampled`: the ∂z kernel with a kept-set threshold, soft-cap or per-row
 # scale sits at the 255-register edge with 128x128 tiles (a few bytes of spills, depending on the flags), so it
 # takes 64x128 (about 160 registers). `_f32head`: a bf16/fp16 hidden with a float32 head takes an IEEE float32
-# dot, which has no tensor-core path; 128x64 tiles with a 16-wide K step are the largest that do not spill.
+# dot, which has no tensor-core path (FMA dots): 64x128 / 128x64 tiles with an 8-wide K step stay spill-free
+# with every flag (16-wide K steps or 64x64 tiles spill a few bytes in some combination).
 DEFAULT_CONFIGS = {
     "logprob_fwd": {80: _cfg(128, 128, 32, 8, 4), 90: _cfg(128, 128, 64, 8, 4)},
     "logprob_dz": {80: _cfg(128, 128, 64, 8, 3, GROUP_N=16), 90: _cfg(128, 128, 64, 8, 4, GROUP_N=16)},
     "logprob_dz_sampled": {80: _cfg(64, 128, 64, 8, 3, GROUP_N=16), 90: _cfg(64, 128, 64, 8, 4, GROUP_N=16)},
-    "logprob_fwd_f32head": {80: _cfg(128, 64, 16, 8, 3), 90: _cfg(128, 64, 16, 8, 3)},
-    "logprob_dz_f32head": {80: _cfg(128, 64, 16, 8, 3, GROUP_N=16), 90: _cfg(128, 64, 16, 8, 3, GROUP_N=16)},
+    "logprob_fwd_f32head": {80: _cfg(64, 128, 8, 8, 3), 90: _cfg(64, 128, 8, 8, 3)},
+    "logprob_dz_f32head": {80: _cfg(128, 64, 8, 8, 3, GROUP_N=16), 90: _cfg(128, 64, 8, 8, 3, GROUP_N=16)},
 }
 
 # Candidates per kernel and target for FASTRL_AUTOTUNE=1, each including that target's default.
