@@ -9,7 +9,9 @@ the vocab is walked in chunks: `logprob_dz_kernel` recomputes each `[BLOCK_N, BL
 input dtype, bounded by `configs.BWD_SLAB_BYTES` (never `[N, V]`); cuBLAS then does
 d_weight[chunk] = slabᵀ h (complete, fp32-accumulated inside the GEMM) and
 d_hidden += slab W[chunk] (fp32 across chunks). That is the 6·N·D·V FLOP floor, with 4·N·D·V of it
-at cuBLAS speed, and O(N·D) fp32 extra memory besides the slab.
+at cuBLAS speed, and O(N·D) fp32 extra memory besides the slab. With a kept-set threshold, soft-cap or
+per-row scale (docs/math.md §1.1) the slab holds ∂L/∂(h·W + b) with the kept set fixed and the chain
+factors applied; with an fp32 head it is float32, as are both GEMMs.
 """
 
 import torch
