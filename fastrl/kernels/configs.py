@@ -27,6 +27,7 @@ __all__ = [
     "config_key",
     "default_config",
     "kernel_and_kwargs",
+    "logprob_kernel",
     "poison_outputs",
     "shipped_configs",
     "sm_count",
@@ -60,9 +61,18 @@ def _cfg(block_n, block_v, block_d, num_warps, num_stages, **extra):
 # which leaves room for the softmax epilogue. sm_80's mma.sync keeps its operands in registers, so
 # its forward takes a 32-wide K step. Larger tiles (128x256, 256x128) spill; the compile test holds
 # every config below to zero spills on its target (also checked by hand with triton 3.3 and 3.6).
+#
+# Two variants have their own configs. `_sampled`: the ∂z kernel with a kept-set threshold, soft-cap or per-row
+# scale sits at the 255-register edge with 128x128 tiles (a few bytes of spills, depending on the flags), so it
+# takes 64x128 (about 160 registers). `_f32head`: a bf16/fp16 hidden with a float32 head takes an IEEE float32
+# dot, which has no tensor-core path (FMA dots): 64x128 / 128x64 tiles with an 8-wide K step stay spill-free
+# with every flag (16-wide K steps or 64x64 tiles spill a few bytes in some combination).
 DEFAULT_CONFIGS = {
     "logprob_fwd": {80: _cfg(128, 128, 32, 8, 4), 90: _cfg(128, 128, 64, 8, 4)},
     "logprob_dz": {80: _cfg(128, 128, 64, 8, 3, GROUP_N=16), 90: _cfg(128, 128, 64, 8, 4, GROUP_N=16)},
+    "logprob_dz_sampled": {80: _cfg(64, 128, 64, 8, 3, GROUP_N=16), 90: _cfg(64, 128, 64, 8, 4, GROUP_N=16)},
+    "logprob_fwd_f32head": {80: _cfg(64, 128, 8, 8, 3), 90: _cfg(64, 128, 8, 8, 3)},
+    "logprob_dz_f32head": {80: _cfg(128, 64, 8, 8, 3, GROUP_N=16), 90: _cfg(128, 64, 8, 8, 3, GROUP_N=16)},
 }
 
 # Candidates per kernel and target for FASTRL_AUTOTUNE=1, each including that target's default.
@@ -88,6 +98,18 @@ AUTOTUNE_CONFIGS = {
 }
 
 
+for _name in ("logprob_dz_sampled", "logprob_fwd_f32head", "logprob_dz_f32head"):
+    AUTOTUNE_CONFIGS[_name] = {arch: [cfg] for arch, cfg in DEFAULT_CONFIGS[_name].items()}
+
+
+def logprob_kernel(base: str, sampled: bool, f32head: bool) -> str:
+    """The config name of a log-prob launch: `base` ("logprob_fwd" / "logprob_dz"), or its `_f32head` /
+    `_sampled` variant (the forward's own config holds with the sampled flags)."""
+    if f32head:
+        return base + "_f32head"
+    return base + "_sampled" if sampled and base == "logprob_dz" else base
+
+
 def shipped_configs(kernel: str, arch: int) -> list[triton.Config]:
     """The default and the autotune candidates for `arch`, without repeats: what the compile test builds."""
     out = []
@@ -103,6 +125,11 @@ def config_key(cfg: triton.Config) -> tuple:
 
 # Autotune keys: the token count's bucket and the sizes that change the best tile.
 AUTOTUNE_KEYS = {"logprob_fwd": ["n_bucket", "V", "D"], "logprob_dz": ["n_bucket", "n_cols", "D"]}
+AUTOTUNE_KEYS.update(
+    logprob_dz_sampled=AUTOTUNE_KEYS["logprob_dz"],
+    logprob_fwd_f32head=AUTOTUNE_KEYS["logprob_fwd"],
+    logprob_dz_f32head=AUTOTUNE_KEYS["logprob_dz"],
+)
 
 
 def autotune_enabled(device: torch.device) -> bool:

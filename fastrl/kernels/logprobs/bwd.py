@@ -9,7 +9,9 @@ the vocab is walked in chunks: `logprob_dz_kernel` recomputes each `[BLOCK_N, BL
 input dtype, bounded by `configs.BWD_SLAB_BYTES` (never `[N, V]`); cuBLAS then does
 d_weight[chunk] = slabᵀ h (complete, fp32-accumulated inside the GEMM) and
 d_hidden += slab W[chunk] (fp32 across chunks). That is the 6·N·D·V FLOP floor, with 4·N·D·V of it
-at cuBLAS speed, and O(N·D) fp32 extra memory besides the slab.
+at cuBLAS speed, and O(N·D) fp32 extra memory besides the slab. With a kept-set threshold, soft-cap or
+per-row scale (docs/math.md §1.1) the slab holds ∂L/∂(h·W + b) with the kept set fixed and the chain
+factors applied; with an fp32 head it is float32, as are both GEMMs.
 """
 
 import torch
@@ -18,7 +20,7 @@ import triton.language as tl
 
 from .. import configs
 from .params import LogprobParams
-from .tile import dot_precision, dot_upcast, logit_tile
+from .tile import dot_flags, logit_tile, row_scale_of, softcap_tile
 
 __all__ = ["logprob_backward", "logprob_dz_kernel"]
 
@@ -27,6 +29,8 @@ __all__ = ["logprob_backward", "logprob_dz_kernel"]
     {
         "HAS_BIAS": lambda args: args["bias"] is not None,
         "HAS_ENTROPY_GRAD": lambda args: args["grad_entropy"] is not None,
+        "HAS_THRESHOLD": lambda args: args["theta"] is not None,
+        "HAS_ROW_SCALE": lambda args: args["row_scale"] is not None,
     }
 )
 @triton.jit
@@ -40,11 +44,14 @@ def logprob_dz_kernel(
     grad_logp,
     grad_entropy,
     dz,
+    theta,
+    row_scale,
     N,
     D,
     v_lo,
     n_cols,
     inv_temperature,
+    softcap,
     ignore_index,
     n_bucket,
     stride_hn,
@@ -56,6 +63,9 @@ def logprob_dz_kernel(
     stride_dzn,
     HAS_BIAS: tl.constexpr,
     HAS_ENTROPY_GRAD: tl.constexpr,
+    HAS_THRESHOLD: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -85,21 +95,40 @@ def logprob_dz_kernel(
     if HAS_BIAS:
         b_b = tl.load(bias + o_v * stride_b, mask=m_c, other=0.0).to(tl.float32)
         b_z += b_b[None, :]
-    b_z = b_z * inv_temperature  # [BN, BV]
+    if HAS_SOFTCAP:
+        b_z = softcap_tile(b_z, softcap)  # [BN, BV]
+    if HAS_ROW_SCALE:
+        b_scale = row_scale_of(row_scale, o_n, m_n, inv_temperature)[:, None]  # [BN, 1]
+    else:
+        b_scale = inv_temperature
+    b_z = b_z * b_scale  # [BN, BV]
 
     b_y = tl.load(targets + o_n * stride_y, mask=m_n, other=ignore_index).to(tl.int32)
     m_r = m_n & (b_y != ignore_index)
     b_lse = tl.load(lse + o_n, mask=m_n, other=0.0)
     b_g = tl.load(grad_logp + o_n, mask=m_r, other=0.0)
-    b_p = tl.exp(b_z - b_lse[:, None])  # [BN, BV]
-    b_dz = tl.where(o_c[None, :] == (b_y - v_lo)[:, None], b_g[:, None], 0.0) - b_g[:, None] * b_p
+    b_lp = b_z - b_lse[:, None]  # [BN, BV] log p
+    if HAS_THRESHOLD:
+        # the kept set is fixed: a dropped token has p = 0 (its one-hot term, for a dropped target, stays)
+        b_theta = tl.load(theta + o_n, mask=m_n, other=float("-inf"))
+        b_lp = tl.where(b_z >= b_theta[:, None], b_lp, float("-inf"))
+    b_p = tl.exp(b_lp)  # [BN, BV]
     if HAS_ENTROPY_GRAD:
-        # z − Σ_u p z = log p + H
+        # z − Σ_u p z = log p + H; p = 0 (a −inf bias, a dropped token): no entropy gradient, not 0·(−inf)
         b_h = tl.load(entropy + o_n, mask=m_n, other=0.0)
         b_e = tl.load(grad_entropy + o_n, mask=m_r, other=0.0)
-        # p = 0 (a −inf bias): no entropy gradient, not 0·(−inf) = NaN
-        b_dz -= tl.where(b_p > 0.0, b_e[:, None] * b_p * (b_z - b_lse[:, None] + b_h[:, None]), 0.0)
-    b_dz = tl.where(m_r[:, None] & m_c[None, :], b_dz * inv_temperature, 0.0)
+        b_p = tl.where(b_p > 0.0, b_p * (b_g[:, None] + b_e[:, None] * (b_lp + b_h[:, None])), 0.0)
+    else:
+        b_p = b_p * b_g[:, None]
+    b_yc = (b_y - v_lo).to(tl.int32)  # the target's column in this chunk (a vocab index: int32 even if v_lo is not)
+    b_dz = tl.where(o_c[None, :] == b_yc[:, None], b_g[:, None], 0.0) - b_p
+    if HAS_SOFTCAP:
+        # ∂cap/∂x = 1 − tanh², tanh = z / (cap·scale): recomputed here, not a second live tile
+        b_tanh = b_z * (1.0 / (b_scale * softcap))
+        b_dz = b_dz * b_scale * (1.0 - b_tanh * b_tanh)
+    else:
+        b_dz = b_dz * b_scale
+    b_dz = tl.where(m_r[:, None] & m_c[None, :], b_dz, 0.0)
 
     p_dz = dz + o_n[:, None] * stride_dzn + o_c[None, :]
     tl.store(p_dz, b_dz.to(dz.dtype.element_ty), mask=m_n[:, None] & m_c[None, :])
@@ -145,16 +174,21 @@ def logprob_backward(
     params: LogprobParams,
     needs: tuple[bool, bool, bool],
     chunk_cols: int | None = None,
+    theta: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
 ):
     """(d_hidden, d_weight, d_bias), each None unless `needs` (hidden, weight, bias) asks for it.
 
-    `lse`, `entropy`, `grad_*` are `[N]` float32; `chunk_cols` overrides the slab width (tests).
+    `lse`, `entropy`, `grad_*` are `[N]` float32 (those of the kept set when `theta` is given, which the
+    gradient treats as fixed); `theta`, `row_scale` as in `logprob_partials`; `chunk_cols` overrides the
+    slab width (tests). The slab is in the weight's dtype: float32 for a half-precision hidden with an fp32
+    head, whose d_hidden comes back in hidden's dtype and d_weight in float32.
     """
     n, d = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
     if chunk_cols is None:
-        chunk_cols = _slab_cols(n, v, hidden.element_size())
+        chunk_cols = _slab_cols(n, v, weight.element_size())
     chunk_cols = min(chunk_cols, v)
     grad_logp = torch.zeros(n, dtype=torch.float32, device=dev) if grad_logp is None else grad_logp.float()
     if grad_entropy is not None:
@@ -163,8 +197,10 @@ def logprob_backward(
         grad_entropy = grad_entropy.float().contiguous()
     grad_logp = grad_logp.contiguous()
 
-    fn, kwargs = configs.kernel_and_kwargs("logprob_dz", logprob_dz_kernel, dev)
-    dz = configs.alloc((n, chunk_cols), hidden.dtype, dev)
+    sampled = theta is not None or row_scale is not None or params.softcap is not None
+    name = configs.logprob_kernel("logprob_dz", sampled, hidden.dtype != weight.dtype)
+    fn, kwargs = configs.kernel_and_kwargs(name, logprob_dz_kernel, dev)
+    dz = configs.alloc((n, chunk_cols), weight.dtype, dev)
     d_weight = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if needs[1] else None
     d_bias = torch.empty(v, dtype=torch.float32, device=dev) if needs[2] else None
     d_hidden = None
@@ -172,7 +208,7 @@ def logprob_backward(
     if d_weight is not None:
         # An ignored row's dz is 0, but it may be padding whose hidden state is inf/NaN, and 0·NaN in the
         # d_weight GEMM would poison every row of d_weight: zero those rows (an [N, D] copy, no sync).
-        h_gemm = torch.where((targets != params.ignore_index).unsqueeze(-1), hidden, 0.0)
+        h_gemm = torch.where((targets != params.ignore_index).unsqueeze(-1), hidden, 0.0).to(weight.dtype)
     for v_lo in range(0, v, chunk_cols):
         cols = min(chunk_cols, v - v_lo)
 
@@ -180,11 +216,11 @@ def logprob_backward(
             return (triton.cdiv(n, meta["BLOCK_N"]) * triton.cdiv(cols, meta["BLOCK_V"]),)
 
         fn[grid](
-            hidden, weight, bias, targets, lse, entropy, grad_logp, grad_entropy, dz,
-            n, d, v_lo, cols, 1.0 / params.temperature, params.ignore_index, configs.token_bucket(n),
-            hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
+            hidden, weight, bias, targets, lse, entropy, grad_logp, grad_entropy, dz, theta, row_scale,
+            n, d, v_lo, cols, 1.0 / params.temperature, params.softcap or 1.0, params.ignore_index,
+            configs.token_bucket(n), hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
             bias.stride(0) if bias is not None else 0, targets.stride(0), dz.stride(0),
-            DOT_PRECISION=dot_precision(hidden.dtype), DOT_UPCAST=dot_upcast(hidden.dtype), **kwargs,
+            HAS_SOFTCAP=params.softcap is not None, **dot_flags(hidden, weight), **kwargs,
         )  # fmt: skip
         slab = dz[:, :cols]
         w_chunk = weight[v_lo : v_lo + cols]

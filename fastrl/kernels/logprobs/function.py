@@ -52,13 +52,13 @@ def token_logprobs_chunked(hidden, weight, targets, bias, params: LogprobParams)
 
 class TritonLogprobFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, bias, params: LogprobParams):
+    def forward(ctx, hidden, weight, targets, bias, params: LogprobParams, theta=None, row_scale=None):
         from .fwd import logprob_forward
 
-        logp, lse, entropy = logprob_forward(hidden, weight, targets, bias, params)
+        logp, lse, entropy = logprob_forward(hidden, weight, targets, bias, params, None, theta, row_scale)
         ctx.params = params
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(hidden, weight, targets, bias, lse, entropy)
+        ctx.save_for_backward(hidden, weight, targets, bias, lse, entropy, theta, row_scale)
         return logp if entropy is None else (logp, entropy)
 
     @staticmethod
@@ -66,15 +66,44 @@ class TritonLogprobFunction(torch.autograd.Function):
     def backward(ctx, grad_logp, *grad_rest):
         from .bwd import logprob_backward
 
-        hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
+        hidden, weight, targets, bias, lse, entropy, theta, row_scale = ctx.saved_tensors
         grad_entropy = grad_rest[0] if grad_rest else None
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[3])
         if grad_logp is None and grad_entropy is None or not any(needs):
-            return None, None, None, None, None
+            return None, None, None, None, None, None, None
         d_hidden, d_weight, d_bias = logprob_backward(
-            hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, ctx.params, needs
+            hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, ctx.params, needs,
+            theta=theta, row_scale=row_scale,
+        )  # fmt: skip
+        return d_hidden, d_weight, None, d_bias, None, None, None
+
+
+def _row_vector(name: str, t, n: int, device) -> torch.Tensor | None:
+    """A per-row `[N]` input as float32 contiguous, or a TypeError / ValueError naming it."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor or None, got {getattr(t, 'dtype', type(t).__name__)}")
+    if tuple(t.shape) != (n,):
+        raise ValueError(f"{name} must be [N] = [{n}], got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on hidden's device {device}, got {t.device}")
+    return t.detach().float().contiguous()
+
+
+def _check_head(hidden, weight, bias, params: LogprobParams) -> None:
+    if weight.dtype != hidden.dtype and not (
+        weight.dtype == torch.float32 and hidden.dtype in (torch.bfloat16, torch.float16)
+    ):
+        raise TypeError(
+            f"hidden and weight must share a dtype, or be a bf16/fp16 hidden with a float32 head; got "
+            f"{hidden.dtype} and {weight.dtype}"
         )
-        return d_hidden, d_weight, None, d_bias, None
+    if bias is not None and bias.dtype != weight.dtype:
+        raise TypeError(f"bias must have the weight's dtype {weight.dtype}, got {bias.dtype}")
+    cap = params.softcap
+    if cap is not None and not (isinstance(cap, float | int) and 0.0 < cap < float("inf")):
+        raise ValueError(f"softcap must be a finite number > 0 or None, got {cap!r}")
 
 
 def token_logprobs_triton(
@@ -83,17 +112,28 @@ def token_logprobs_triton(
     targets: torch.Tensor,
     bias: torch.Tensor | None,
     params: LogprobParams,
+    theta: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`[N, D]`, `[V, D]`, `[N]` → logp `[N]` (and entropy `[N]`), float32, through the Triton kernels.
 
+    The final logits are z[n] = softcap(h[n]·W + b)·row_scale[n] / τ (docs/math.md §1; softcap = params.softcap,
+    `cap·tanh(x / cap)`, off when None; row_scale `[N]`, e.g. 1/τ per token, or None). With `theta` (`[N]`)
+    the log-probs and entropy are those of the kept set S = {v : z[n, v] ≥ theta[n]} (−inf keeps every
+    token): logp = z_y − log Σ_S exp z, also for a target outside S; the gradient treats S as fixed. A
+    bf16/fp16 hidden may come with a float32 weight (and bias): the logits are then an fp32 head's.
     Differentiable w.r.t. hidden, weight and bias.
     """
-    if hidden.shape[0] == 0:
-        return token_logprobs_chunked(hidden, weight, targets, bias, params)
+    _check_head(hidden, weight, bias, params)
+    n = hidden.shape[0]
+    theta = _row_vector("theta", theta, n, hidden.device)
+    row_scale = _row_vector("row_scale", row_scale, n, hidden.device)
+    if n == 0:  # nothing to launch: the chunked path returns the empty outputs (and zero gradients)
+        return token_logprobs_chunked(hidden.to(weight.dtype), weight, targets, bias, params)
     if not _needs_grad(hidden, weight, bias):
         from .fwd import logprob_forward
 
-        logp, _, entropy = logprob_forward(hidden, weight, targets, bias, params)
+        logp, _, entropy = logprob_forward(hidden, weight, targets, bias, params, None, theta, row_scale)
         return logp, entropy
-    out = TritonLogprobFunction.apply(hidden, weight, targets, bias, params)
+    out = TritonLogprobFunction.apply(hidden, weight, targets, bias, params, theta, row_scale)
     return (out, None) if isinstance(out, torch.Tensor) else out

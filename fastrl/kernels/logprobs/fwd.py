@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .. import configs
 from .params import LogprobParams
-from .tile import dot_precision, dot_upcast, logit_tile
+from .tile import dot_flags, logit_tile, row_scale_of, softcap_tile
 
 __all__ = ["logprob_forward", "logprob_fwd_kernel", "logprob_partials", "merge_partials"]
 
@@ -35,13 +35,15 @@ def _target_logit(
     m_n,
     V,
     D,
-    inv_temperature,
+    b_scale,
+    softcap,
     stride_hn,
     stride_hd,
     stride_wv,
     stride_wd,
     stride_b,
     HAS_BIAS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -61,13 +63,17 @@ def _target_logit(
         p_w += BLOCK_D * stride_wd
     if HAS_BIAS:
         b_acc += tl.load(bias + o_y * stride_b, mask=m_y, other=0.0).to(tl.float32)
-    return b_acc * inv_temperature
+    if HAS_SOFTCAP:
+        b_acc = softcap_tile(b_acc, softcap)
+    return b_acc * b_scale
 
 
 @triton.heuristics(
     {
         "HAS_BIAS": lambda args: args["bias"] is not None,
         "HAS_ENTROPY": lambda args: args["part_t"] is not None,
+        "HAS_THRESHOLD": lambda args: args["theta"] is not None,
+        "HAS_ROW_SCALE": lambda args: args["row_scale"] is not None,
     }
 )
 @triton.jit
@@ -80,11 +86,14 @@ def logprob_fwd_kernel(
     part_s,
     part_t,
     target_z,
+    theta,
+    row_scale,
     N,
     V,
     D,
     n_splits,
     inv_temperature,
+    softcap,
     n_bucket,
     stride_hn,
     stride_hd,
@@ -94,6 +103,9 @@ def logprob_fwd_kernel(
     stride_y,
     HAS_BIAS: tl.constexpr,
     HAS_ENTROPY: tl.constexpr,
+    HAS_THRESHOLD: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -107,6 +119,12 @@ def logprob_fwd_kernel(
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < N
     b_y = tl.load(targets + o_n * stride_y, mask=m_n, other=-1)
+    if HAS_ROW_SCALE:
+        b_scale = row_scale_of(row_scale, o_n, m_n, inv_temperature)  # [BN]
+    else:
+        b_scale = inv_temperature
+    if HAS_THRESHOLD:
+        b_theta = tl.load(theta + o_n, mask=m_n, other=float("-inf"))
 
     tiles_per_split = tl.cdiv(tl.cdiv(V, BLOCK_V), n_splits)
     t_lo = i_s * tiles_per_split
@@ -125,8 +143,21 @@ def logprob_fwd_kernel(
         if HAS_BIAS:
             b_b = tl.load(bias + o_v.to(tl.int64) * stride_b, mask=m_v, other=0.0).to(tl.float32)
             b_z += b_b[None, :]
+        if HAS_SOFTCAP:
+            b_z = softcap_tile(b_z, softcap)
+        if HAS_ROW_SCALE:
+            b_z = b_z * b_scale[:, None]
+        else:
+            b_z = b_z * b_scale
+        if HAS_THRESHOLD:
+            # a dropped token is a masked column. Tiles before a row's first kept token leave max -1e30 and
+            # count exp(0) = 1s; the first kept logit rescales them by exp(-1e30 − m) = 0 (the merge does the
+            # same to a split that holds no kept token), so no extra select is needed
+            m_keep = m_v[None, :] & (b_z >= b_theta[:, None])  # [BN, BV]
+        else:
+            m_keep = m_v[None, :]
         # masked columns get a finite -1e30, not -inf: exp gives 0 and 0 · (z − m) stays 0
-        b_z = tl.where(m_v[None, :], b_z * inv_temperature, _M_INIT)  # [BN, BV]
+        b_z = tl.where(m_keep, b_z, _M_INIT)  # [BN, BV]
         b_mn = tl.maximum(b_m, tl.max(b_z, axis=1))
         b_alpha = tl.exp(b_m - b_mn)
         b_zc = b_z - b_mn[:, None]
@@ -143,8 +174,8 @@ def logprob_fwd_kernel(
         tl.store(part_t + o_out, b_t, mask=m_n)
     if i_s == 0:
         b_zt = _target_logit(
-            hidden, weight, bias, b_y, o_n, m_n, V, D, inv_temperature,
-            stride_hn, stride_hd, stride_wv, stride_wd, stride_b, HAS_BIAS, BLOCK_N, BLOCK_D,
+            hidden, weight, bias, b_y, o_n, m_n, V, D, b_scale, softcap,
+            stride_hn, stride_hd, stride_wv, stride_wd, stride_b, HAS_BIAS, HAS_SOFTCAP, BLOCK_N, BLOCK_D,
         )  # fmt: skip
         tl.store(target_z + o_n, b_zt, mask=m_n)
 
@@ -181,15 +212,20 @@ def logprob_partials(
     bias: torch.Tensor | None,
     params: LogprobParams,
     n_splits: int | None = None,
+    theta: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The kernel's own output: `[splits, N]` m, s, t (None without entropy) and the `[N]` target logits.
 
-    A target outside [0, V) gets target logit 0 (the vocab-parallel path relies on it).
+    The statistics are over the kept set {v : z[n, v] ≥ theta[n]} when `theta` (`[N]` float32) is given, with
+    z = softcap(h·W + b)·row_scale[n] / τ (`row_scale` `[N]` float32 or None). A target outside [0, V) gets
+    target logit 0 (the vocab-parallel path relies on it).
     """
     n, d = hidden.shape
     v = weight.shape[0]
-    fn, kwargs = configs.kernel_and_kwargs("logprob_fwd", logprob_fwd_kernel, hidden.device)
-    cfg = configs.default_config("logprob_fwd", hidden.device).kwargs
+    name = configs.logprob_kernel("logprob_fwd", False, hidden.dtype != weight.dtype)
+    fn, kwargs = configs.kernel_and_kwargs(name, logprob_fwd_kernel, hidden.device)
+    cfg = configs.default_config(name, hidden.device).kwargs
     if n_splits is None:
         n_splits = _choose_splits(n, v, cfg["BLOCK_N"], cfg["BLOCK_V"], hidden.device)
     part_m, part_s = (configs.alloc((n_splits, n), torch.float32, hidden.device) for _ in range(2))
@@ -200,11 +236,11 @@ def logprob_partials(
         return (n_splits * triton.cdiv(n, meta["BLOCK_N"]),)
 
     fn[grid](
-        hidden, weight, bias, targets, part_m, part_s, part_t, target_z,
-        n, v, d, n_splits, 1.0 / params.temperature, configs.token_bucket(n),
+        hidden, weight, bias, targets, part_m, part_s, part_t, target_z, theta, row_scale,
+        n, v, d, n_splits, 1.0 / params.temperature, params.softcap or 1.0, configs.token_bucket(n),
         hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
         bias.stride(0) if bias is not None else 0, targets.stride(0),
-        DOT_PRECISION=dot_precision(hidden.dtype), DOT_UPCAST=dot_upcast(hidden.dtype), **kwargs,
+        HAS_SOFTCAP=params.softcap is not None, **dot_flags(hidden, weight), **kwargs,
     )  # fmt: skip
     return part_m, part_s, part_t, target_z
 
@@ -216,12 +252,17 @@ def logprob_forward(
     bias: torch.Tensor | None,
     params: LogprobParams,
     n_splits: int | None = None,
+    theta: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """`[N, D]`, `[V, D]`, `[N]`, `[V]`|None → (logp `[N]`, lse `[N]`, entropy `[N]`|None), float32.
 
-    `n_splits` overrides the vocab split count (tests use it to force the multi-split merge).
+    With `theta`, lse and entropy are those of the kept set (`logprob_partials`). `n_splits` overrides the
+    vocab split count (tests use it to force the multi-split merge).
     """
-    part_m, part_s, part_t, target_z = logprob_partials(hidden, weight, targets, bias, params, n_splits)
+    part_m, part_s, part_t, target_z = logprob_partials(
+        hidden, weight, targets, bias, params, n_splits, theta, row_scale
+    )
     valid = targets != params.ignore_index
     logp, lse, entropy = merge_partials(part_m, part_s, part_t, target_z, valid)
     return logp, lse, entropy

@@ -1,4 +1,8 @@
-"""The `[BLOCK_N, BLOCK_V]` logit tile both log-prob kernels build: a tensor-core K-loop over D."""
+"""The `[BLOCK_N, BLOCK_V]` logit tile both log-prob kernels build: a tensor-core K-loop over D.
+
+Also the pieces of the final logit both kernels apply to it: the soft-cap `cap·tanh(x / cap)` and the
+per-row scale (1/τ, or a per-row factor times it).
+"""
 
 import os
 
@@ -6,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["dot_precision", "dot_upcast", "logit_tile"]
+__all__ = ["dot_flags", "dot_precision", "dot_upcast", "logit_tile", "row_scale_of", "softcap_tile"]
 
 
 def dot_precision(dtype: torch.dtype):
@@ -19,6 +23,34 @@ def dot_precision(dtype: torch.dtype):
 def dot_upcast(dtype: torch.dtype) -> bool:
     """The Triton interpreter feeds bf16 tiles to tl.dot as raw uint16 bits; upcast them there only."""
     return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def dot_flags(hidden: torch.Tensor, weight: torch.Tensor) -> dict:
+    """DOT_PRECISION / DOT_UPCAST of a launch. A half-precision hidden with a float32 head (an fp32 LM head)
+    upcasts the hidden tile in the kernel and takes an IEEE float32 dot: the logits of an fp32 head, no TF32."""
+    if hidden.dtype != weight.dtype:
+        return {"DOT_PRECISION": "ieee", "DOT_UPCAST": True}
+    return {"DOT_PRECISION": dot_precision(hidden.dtype), "DOT_UPCAST": dot_upcast(hidden.dtype)}
+
+
+@triton.jit
+def softcap_tile(b_x, cap):
+    # cap·tanh(x / cap). The interpreter has no libdevice tanh, so: tanh|u| = (1 − e) / (1 + e) with
+    # e = exp(−2|u|), and a Taylor series below |u| = 0.25, where 1 − e would cancel (truncation < 1e-8
+    # relative there); a few float32 ulps of tanh either way.
+    b_u = b_x * (1.0 / cap)
+    b_a = tl.abs(b_u)
+    b_e = tl.exp(-2.0 * b_a)
+    b_u2 = b_u * b_u
+    b_poly = 1.0 + b_u2 * (-1.0 / 3.0 + b_u2 * (2.0 / 15.0 + b_u2 * (-17.0 / 315.0 + b_u2 * (62.0 / 2835.0))))
+    b_t = tl.where(b_a < 0.25, b_a * b_poly, (1.0 - b_e) / (1.0 + b_e))
+    return tl.where(b_u < 0.0, -cap * b_t, cap * b_t)
+
+
+@triton.jit
+def row_scale_of(row_scale, o_n, m_n, inv_temperature):
+    # [BN]: the factor of each row's capped logits, row_scale[n] / τ
+    return tl.load(row_scale + o_n, mask=m_n, other=1.0).to(tl.float32) * inv_temperature
 
 
 @triton.jit

@@ -23,7 +23,7 @@ INTS = {"V", "stride_zn", "stride_dzn"}
 I64_PTRS = {"targets"}
 
 
-def build(kernel, arch, flags: dict, dz_dtype: str, block_v: int, num_warps: int):
+def build(kernel, arch, flags: dict, dz_dtype: str, block_v: int, num_warps: int, int_type: str = "i32"):
     jit_fn = kernel if hasattr(kernel, "arg_names") else kernel.fn
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(jit_fn.arg_names):
@@ -34,7 +34,7 @@ def build(kernel, arch, flags: dict, dz_dtype: str, block_v: int, num_warps: int
         elif name == "tau_scalar":
             signature[name] = "fp32"
         elif name in INTS:
-            signature[name] = "i32"
+            signature[name] = int_type
             if name != "V":
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
@@ -93,5 +93,21 @@ def main():
             print(json.dumps(dict(row, registers=regs, spill_stores=st, spill_loads=ld)), flush=True)
 
 
+def main_int64():
+    # every integer argument as int64 (Triton's specialisation of a value ≥ 2³¹), the heaviest flags
+    for arch in (80, 90):
+        for name, kernel, flags, block_v, warps in (
+            ("fold_stats", fold_stats_kernel, dict(PER_ROW_TAU=True, HAS_ENTROPY=True), configs.FUSED_STATS_BLOCK_V,
+             configs.FUSED_STATS_NUM_WARPS),
+            ("fold_dz", fold_dz_kernel, dict(PER_ROW_TAU=True, HAS_ENTROPY_GRAD=True), configs.FUSED_DZ_BLOCK_V,
+             configs.FUSED_DZ_NUM_WARPS),
+        ):  # fmt: skip
+            ptx = build(kernel, arch, flags, "bf16", block_v, warps, int_type="i64").asm["ptx"]
+            regs, st, ld = ptxas_spills(ptx, arch)
+            row = dict(kernel=name, arch=arch, dz_dtype="bf16", int64=True, **flags)
+            print(json.dumps(dict(row, registers=regs, spill_stores=st, spill_loads=ld)), flush=True)
+
+
 if __name__ == "__main__":
     main()
+    main_int64()

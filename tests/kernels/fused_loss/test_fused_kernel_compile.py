@@ -23,8 +23,9 @@ def builds():
 
 
 def test_every_variant_compiles_without_spills(builds):
-    # 2 archs × 2 temperature modes × 2 flags × (1 stats + 3 ∂z dtypes)
-    assert len(builds) == 2 * 2 * 2 * 4
+    # 2 archs × 2 temperature modes × 2 flags × (1 stats + 3 ∂z dtypes), and 2 archs × 2 kernels with int64 ints
+    assert len(builds) == 2 * 2 * 2 * 4 + 2 * 2
+    assert sum(bool(b.get("int64")) for b in builds) == 4
     assert {b["arch"] for b in builds} == {80, 90}
     for b in builds:
         assert b["spill_stores"] == 0 and b["spill_loads"] == 0, b

@@ -2,7 +2,8 @@
 
 No GPU needed: `compile_logprob_kernels.py` runs `triton.compile` against a `GPUTarget` in a subprocess with
 TRITON_INTERPRET=0 (this session's kernels are interpreter objects) and runs ptxas -v on the PTX.
-Every config (default and autotune candidates) is built for its target in bf16; the defaults in fp16 too.
+Every config (default and autotune candidates) is built for its target in bf16; the defaults in fp16 too, and
+with every combination of the sampled-distribution features and int64 arguments (see `_variants`).
 """
 
 import json
@@ -26,15 +27,38 @@ def _config_id(cfg) -> str:
     return f"{k['BLOCK_N']}x{k['BLOCK_V']}x{k['BLOCK_D']}-w{cfg.num_warps}-s{cfg.num_stages}"
 
 
+# The sampled-distribution features (T: kept-set threshold, S: soft-cap, R: per-row scale), every combination.
+FEATURES = ("T", "S", "R", "TS", "TR", "SR", "TSR")
+
+
+def _variants(kernel: str) -> list[tuple[str, str]]:
+    """(dtype, variant) builds of a kernel's default config beyond the plain bf16/fp16 ones.
+
+    Every feature combination the launcher sends to that config, and "L": every integer argument as int64
+    (Triton's specialisation of an argument ≥ 2³¹), plain and with every feature.
+    """
+    if kernel.endswith("_f32head"):
+        return [(dt, f) for dt in ("bf16+f32head", "fp16+f32head") for f in ("", "TSR")] + [
+            ("bf16+f32head", f) for f in (*FEATURES[:-1], "L", "TSRL")
+        ]
+    if kernel == "logprob_dz_sampled":
+        return [("bf16", f) for f in (*FEATURES, "TSRL")] + [("fp16", "TSR")]
+    if kernel == "logprob_fwd":  # the forward keeps its config with the features on
+        return [("bf16", f) for f in (*FEATURES, "L", "TSRL")] + [("fp16", "TSR")]
+    return [("bf16", "L")]
+
+
 def _plan():
     plan = []
     for kernel, defaults in configs.DEFAULT_CONFIGS.items():
         for arch in (80, 90):
             for cfg in configs.shipped_configs(kernel, arch):
                 is_default = configs.config_key(cfg) == configs.config_key(defaults[arch])
-                plan += [
-                    (kernel, _config_id(cfg), arch, dtype) for dtype in (("bf16", "fp16") if is_default else ("bf16",))
-                ]
+                if kernel in ("logprob_fwd", "logprob_dz"):
+                    dtypes = ("bf16", "fp16") if is_default else ("bf16",)
+                    plan += [(kernel, _config_id(cfg), arch, dtype, "") for dtype in dtypes]
+                if is_default:
+                    plan += [(kernel, _config_id(cfg), arch, dt, v) for dt, v in _variants(kernel)]
     return plan
 
 
@@ -60,17 +84,24 @@ def builds():
         pytest.skip(missing)
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [sys.executable, str(HERE / "compile_logprob_kernels.py"), json.dumps(PLAN)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return {(r["kernel"], r["config"], r["arch"], r["dtype"]): r for r in rows}
+    return {(r["kernel"], r["config"], r["arch"], r["dtype"], r["variant"]): r for r in rows}
 
 
-@pytest.mark.parametrize("kernel, config, arch, dtype", PLAN, ids=["-".join(map(str, p)) for p in PLAN])
-def test_compiles_without_spills_on_tensor_cores(builds, kernel, config, arch, dtype):
-    row = builds[(kernel, config, arch, dtype)]
+def _plan_id(p) -> str:
+    return "-".join(str(x) for x in p if x != "")
+
+
+@pytest.mark.parametrize("kernel, config, arch, dtype, variant", PLAN, ids=[_plan_id(p) for p in PLAN])
+def test_compiles_without_spills_on_tensor_cores(builds, kernel, config, arch, dtype, variant):
+    row = builds[(kernel, config, arch, dtype, variant)]
     assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
-    if arch == 90:
+    if dtype.endswith("+f32head"):
+        # an IEEE float32 dot has no tensor-core instruction: it must not silently take TF32 ones either
+        assert row["wgmma"] == 0 and row["mma"] == 0, row
+    elif arch == 90:
         assert row["wgmma"] > 0, f"no wgmma in the sm_90 PTX: {row}"
     else:
         assert row["mma"] > 0, f"no mma.sync in the sm_80 PTX: {row}"

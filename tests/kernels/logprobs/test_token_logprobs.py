@@ -226,7 +226,7 @@ def test_configs_fit_their_kernel(kernel):
     from fastrl.kernels.logprobs.bwd import logprob_dz_kernel
     from fastrl.kernels.logprobs.fwd import logprob_fwd_kernel
 
-    fn = {"logprob_fwd": logprob_fwd_kernel, "logprob_dz": logprob_dz_kernel}[kernel].fn
+    fn = (logprob_fwd_kernel if kernel.startswith("logprob_fwd") else logprob_dz_kernel).fn
     assert set(configs.AUTOTUNE_KEYS[kernel]) <= set(fn.arg_names)
     for arch in (80, 90):
         for cfg in configs.shipped_configs(kernel, arch):

@@ -26,7 +26,10 @@ OPTIONAL = ("old", "ref", "weight", "entropy")
 FLOATS = ("eps_low", "eps_high", "dual_clip", "beta", "kl_clip", "entropy_coef", "tau_pos", "tau_neg")
 
 
-def build(kernel, arch, present: bool, ratio: int, pg: int, per_token: bool, kl: int, kl_extra: bool, logp_dtype: str):
+def build(
+    kernel, arch, present: bool, ratio: int, pg: int, per_token: bool, kl: int, kl_extra: bool, logp_dtype: str,
+    t_type: str = "i32",
+):  # fmt: skip
     """ratio: 0 token, 1 sequence, 2 sequence-token; pg: 0 clip, 1 SAPO, 2 linear; kl_extra: clamped and × r."""
     jit_fn = kernel.fn
     signature, constexprs, attrs = {}, {}, {}
@@ -55,7 +58,7 @@ def build(kernel, arch, present: bool, ratio: int, pg: int, per_token: bool, kl:
         elif name in FLOATS:
             signature[name] = "fp32"
         elif name == "T":
-            signature[name] = "i32"
+            signature[name] = t_type
         elif name == "mask":
             signature[name] = "*u8"
         elif name in ("logp", "old", "ref", "entropy", "d_logp", "d_entropy"):
@@ -99,7 +102,7 @@ SM80 = COMBOS[-3:]
 
 
 def main():
-    print(json.dumps(dict(expected=2 * (len(COMBOS) + len(SM80)))), flush=True)
+    print(json.dumps(dict(expected=2 * (len(COMBOS) + len(SM80)) + 2 * 2)), flush=True)
     for kname, kernel in (("policy_fwd", policy_fwd_kernel), ("policy_bwd", policy_bwd_kernel)):
         for arch, arch_combos in ((90, COMBOS), (80, SM80)):
             for present, ratio, pg, per_token, kl, kl_extra, dt in arch_combos:
@@ -108,6 +111,11 @@ def main():
                 row = dict(kernel=kname, arch=arch, optional=present, ratio=ratio, pg=pg, per_token=per_token, kl=kl,
                            kl_extra=kl_extra, dtype=dt)  # fmt: skip
                 print(json.dumps(dict(row, registers=regs, spill_stores=st, spill_loads=ld)), flush=True)
+        for arch in (80, 90):  # T as int64 (Triton's specialisation of a value ≥ 2³¹), the heaviest flags
+            ptx = build(kernel, arch, True, 1, 1, True, 3, True, "fp32", t_type="i64").asm["ptx"]
+            regs, st, ld = ptxas_spills(ptx, arch)
+            row = dict(kernel=kname, arch=arch, optional=True, ratio=1, pg=1, per_token=True, kl=3, int64=True)
+            print(json.dumps(dict(row, registers=regs, spill_stores=st, spill_loads=ld)), flush=True)
 
 
 if __name__ == "__main__":
