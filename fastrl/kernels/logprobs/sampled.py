@@ -182,14 +182,19 @@ def token_logprobs_sampled(hidden, weight, targets, bias, tau, trunc, params, im
     """`[N, D]` rows → SampledLogprobs of the truncated, soft-capped distribution (docs/math.md §8).
 
     tau: a float (then params.temperature) or an `[N]` float32 tensor; trunc: per-row rules or None.
-    impl "triton" (a float tau, hidden in weight's dtype): θ from a no-grad pass here, the log-probs and their
-    gradients from the Triton kernels."""
-    if impl == "triton" and not isinstance(tau, torch.Tensor) and hidden.shape[0]:
+    impl "triton": θ from a no-grad pass here, the log-probs and their gradients from the Triton kernels (a
+    per-row tau rides in as the kernels' row scale, applied after the soft-cap)."""
+    if impl == "triton" and hidden.shape[0]:
         with torch.no_grad(), no_autocast(hidden):
             search = dataclasses.replace(params, return_entropy=False)
             out, stats = sampled_forward(hidden, weight, targets, bias, tau, trunc, search, topk)
         theta = None if trunc is None else stats[3]
-        logp, entropy = token_logprobs_impl("triton")(hidden, weight, targets, bias, params, theta=theta)
+        row_scale = None
+        if isinstance(tau, torch.Tensor):
+            row_scale, params = tau.float().reciprocal(), dataclasses.replace(params, temperature=1.0)
+        logp, entropy = token_logprobs_impl("triton")(
+            hidden, weight, targets, bias, params, theta=theta, row_scale=row_scale
+        )
         return SampledLogprobs(logp, entropy, out.outside, out.topk_ids, out.topk_logprobs)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not grad:
