@@ -5,7 +5,9 @@ GLOBAL normalizer (tokens for token-mean, sequences otherwise), summed over micr
 gradient is then exact: each rank backpropagates its share and the gradients are SUM-all-reduced (or, with
 `--fsdp`, SUM-reduce-scattered into the shards; the model's calls then run through `fsdp.run_sharded`).
 
-The LM body runs on the (packed or padded) micro-batch; the hidden states that predict completion tokens
+Each `*MLP` module of an unsharded model runs in token tiles (`tiled_mlp.py`): a long micro-batch then holds
+one tile's MLP activations at a time, not the whole sequence's, while a layer is recomputed under gradient
+checkpointing. The LM body runs on the (packed or padded) micro-batch; the hidden states that predict completion tokens
 are gathered into `[n_seq, max_completion, D]` and handed with the head's weight (`fastrl.lm_body_and_head`)
 to `fastrl.grpo_loss`, which never builds the `[tokens, V]` logits (docs/math.md §1-3). A tied embedding is
 the same Parameter as the head's weight, so autograd sums both of its gradients.
@@ -22,6 +24,7 @@ from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss, hidden_and_head, l
 from . import distributed as dist_utils
 from .batching import Sample, collate, plan_microbatches
 from .fsdp import filler_sample, is_sharded, run_sharded
+from .tiled_mlp import tile_mlps
 
 
 def supports_packing(model) -> bool:
@@ -134,6 +137,8 @@ def train_step(
     must match).
     """
     model.zero_grad(set_to_none=True)
+    if not is_sharded(model):  # long micro-batches: the MLPs' activations a few thousand tokens at a time
+        tile_mlps(model)
     normalizer = _global_normalizer(samples, loss_config.loss_agg)
     sums = dict.fromkeys(("loss", "num_tokens") + METRIC_KEYS, 0.0)
     filler = filler_sample(pad_id, ref=loss_config.beta > 0, rollout=loss_config.is_cap is not None)
