@@ -69,14 +69,25 @@ def collate(seqs: list[Sample], packed: bool, pad_id: int) -> dict:
     """Model inputs and loss tensors for one micro-batch.
 
     Returns a dict with `input_ids`, `position_ids`, `attention_mask` (None when packed: the model finds
-    sequence boundaries from position_ids that restart at 0), `gather` `[n, Tc]` flat indices into the
+    sequence boundaries from position_ids that restart at 0; sequences of one length are packed one per
+    row), `gather` `[n, Tc]` flat indices into the
     body's `[rows * width]` hidden positions (position p predicts token p + 1), `targets`, `mask`
     `[n, Tc]`, `advantages` `[n]`, and `old_logprobs` / `ref_logprobs` / `rollout_logprobs` `[n, Tc]` or None.
     """
     full = [s.prompt_ids + s.completion_ids for s in seqs]
     tc = max(len(s.completion_ids) for s in seqs)
     gather = torch.zeros((len(seqs), tc), dtype=torch.long)
-    if packed:
+    if packed and len({len(f) for f in full}) == 1:
+        # Equal lengths (a group's truncated completions, say): one row per sequence is the packed layout
+        # without the padding, and without a block mask; SDPA then runs its causal kernel instead of a
+        # materialized [T, T] mask over the packed row (4x the attention work for two sequences, and
+        # (sum of lengths)^2 mask bytes).
+        width = len(full[0])
+        input_ids = torch.tensor(full, dtype=torch.long)
+        position_ids = torch.arange(width).expand(len(full), width)
+        attention_mask = None
+        starts = [i * width for i in range(len(full))]
+    elif packed:
         width = sum(len(f) for f in full)
         input_ids = torch.tensor([t for f in full for t in f], dtype=torch.long).view(1, width)
         position_ids = torch.cat([torch.arange(len(f)) for f in full]).view(1, width)

@@ -5,7 +5,9 @@ GLOBAL normalizer (tokens for token-mean, sequences otherwise), summed over micr
 gradient is then exact: each rank backpropagates its share and the gradients are SUM-all-reduced (or, with
 `--fsdp`, SUM-reduce-scattered into the shards; the model's calls then run through `fsdp.run_sharded`).
 
-The LM body runs on the (packed or padded) micro-batch; the hidden states that predict completion tokens
+Each `*MLP` module of an unsharded model runs in token tiles (`tiled_mlp.py`): a long micro-batch then holds
+one tile's MLP activations at a time, not the whole sequence's, while a layer is recomputed under gradient
+checkpointing. The LM body runs on the (packed or padded) micro-batch; the hidden states that predict completion tokens
 are gathered into `[n_seq, max_completion, D]` and handed with the head's weight (`fastrl.lm_body_and_head`)
 to `fastrl.grpo_loss`, which never builds the `[tokens, V]` logits (docs/math.md §1-3). A tied embedding is
 the same Parameter as the head's weight, so autograd sums both of its gradients.
@@ -22,6 +24,7 @@ from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss, hidden_and_head, l
 from . import distributed as dist_utils
 from .batching import Sample, collate, plan_microbatches
 from .fsdp import filler_sample, is_sharded, run_sharded
+from .tiled_mlp import tile_mlps
 
 
 def supports_packing(model) -> bool:
@@ -140,12 +143,14 @@ def train_step(
     must match).
     """
     model.zero_grad(set_to_none=True)
+    if not is_sharded(model):  # long micro-batches: the MLPs' activations a few thousand tokens at a time
+        tile_mlps(model)
     normalizer = _global_normalizer(samples, loss_config.loss_agg)
     sums = dict.fromkeys(("loss", "num_tokens") + METRIC_KEYS, 0.0)
     filler = filler_sample(pad_id, ref=loss_config.beta > 0, rollout=loss_config.is_cap is not None)
     for seqs in _plan(model, samples, budget, packed, filler):
         mb = collate(seqs, packed, pad_id)
-        out, entropy_sum = run_sharded(model, _microbatch_loss, mb, loss_config, normalizer, impl, bf16, log_entropy)
+        out = run_sharded(model, _microbatch_loss, mb, loss_config, normalizer, impl, bf16, log_entropy)
         out.loss.backward()
         n = float(out.metrics["num_tokens"])
         sums["loss"] += float(out.loss.detach())
@@ -153,8 +158,6 @@ def train_step(
         for k in METRIC_KEYS:
             if k in out.metrics:
                 sums[k] += float(out.metrics[k]) * n  # token-weighted; divided by the global count below
-        if entropy_sum is not None:
-            sums["entropy_mean"] += entropy_sum
     params = [p for p in model.parameters() if p.requires_grad]
     if not is_sharded(model):  # FSDP has reduce-scattered (summed) them already
         dist_utils.all_reduce_grads(params)
@@ -168,41 +171,28 @@ def train_step(
 
 
 def _microbatch_loss(model, mb, loss_config: LossConfig, normalizer: float, impl: str, bf16: bool, log_entropy: bool):
-    """The fused loss of one micro-batch, and its entropy sum for the log when the loss has none."""
+    """The fused loss of one micro-batch; its metrics carry the entropy (same pass) when `log_entropy`."""
     hidden = completion_hidden(model, mb, bf16)
     weight, bias = head_params(model, hidden.dtype)
     dev = hidden.device
     opt = {k: None if mb[k] is None else mb[k].to(dev) for k in ("old_logprobs", "ref_logprobs", "rollout_logprobs")}
     if loss_config.is_cap is None:
         opt["rollout_logprobs"] = None
-    targets, mask = mb["targets"].to(dev), mb["mask"].to(dev)
-    out = grpo_loss(
+    # the entropy rides on the loss's own pass over the vocabulary (elementwise work on each tile); a
+    # separate no-grad pass would cost one more [tokens, D] x [D, V] GEMM, a third of the head's work
+    return grpo_loss(
         hidden,
         weight,
-        targets,
-        mask,
+        mb["targets"].to(dev),
+        mb["mask"].to(dev),
         mb["advantages"].to(dev),
         bias=bias,
         config=loss_config,
         normalizer=normalizer,
         impl=impl,
+        return_entropy=log_entropy,
         **opt,
     )
-    entropy_sum = None
-    if log_entropy and "entropy_mean" not in out.metrics:
-        with torch.no_grad():
-            _, ent = token_logprobs(
-                hidden.detach(),
-                weight.detach(),
-                targets,
-                bias=bias,
-                temperature=loss_config.temperature,
-                return_entropy=True,
-                impl=impl,
-                **sampler_options(loss_config),
-            )
-            entropy_sum = float((ent * mask).sum())
-    return out, entropy_sum
 
 
 def _finalize_metrics(sums: dict, grad_norm: float) -> dict:

@@ -55,6 +55,24 @@ def test_packed_and_padded_give_the_same_hidden_states():
     assert w.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
 
+def test_equal_lengths_pack_one_row_each_without_a_mask():
+    # a group's truncated completions: same prompt, same length. One row per sequence, no block mask, and
+    # the hidden states of each sequence run alone.
+    model = tiny_model(64, hidden_size=32, num_layers=2, num_heads=4, seed=1).eval()
+    samples = [Sample([1, 12, 16], [30 + i, 31, 33, 2], 1.0 - i) for i in range(3)]
+    mb = collate(samples, True, pad_id=0)
+    assert mb["input_ids"].shape == (3, 7) and mb["attention_mask"] is None
+    assert mb["position_ids"].tolist() == [list(range(7))] * 3
+    flat_ids = mb["input_ids"].reshape(-1)
+    for i, s in enumerate(samples):
+        assert flat_ids[mb["gather"][i] + 1].tolist() == s.completion_ids
+    with torch.no_grad():
+        h = completion_hidden(model, mb, bf16=False)
+        for i, s in enumerate(samples):
+            alone = completion_hidden(model, collate([s], False, 0), bf16=False)
+            torch.testing.assert_close(h[i], alone[0], rtol=1e-5, atol=1e-5)
+
+
 def test_mixed_optional_logprobs_raise():
     s = _samples()
     s[0].old_logprobs = [0.0, 0.0, 0.0]

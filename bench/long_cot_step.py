@@ -1,0 +1,398 @@
+"""One whole GRPO optimizer step at long-CoT length on CPU: fastrl's trainer, FastRLGRPOTrainer, stock TRL, eager.
+
+    PYTHONPATH=. python -m bench.long_cot_step                        # G = 2 completions of 32,768 tokens
+    PYTHONPATH=. python -m bench.long_cot_step --completion-length 4096 --providers fastrl,trl
+
+The model has Qwen2.5-0.5B's head and width (vocabulary 151,936, hidden 896, 14 / 2 heads, intermediate
+4864, tied embeddings) and `--layers` layers (2), random weights saved once to a temporary directory that
+every provider loads. The batch is one 256-token prompt and G completions of `--completion-length` tokens,
+fixed token ids and advantages, so every provider sees the same step. fp32, SDPA attention, gradient
+checkpointing, AdamW (lr 1e-6, TRL's default), gradient clipping at 1.0, DAPO / token-mean loss (β = 0).
+
+Providers, each in a fresh interpreter:
+
+    fastrl     fastrl's trainer update as `fastrl train` runs it: `build_model` and the `math-32k` preset's
+               update settings (`--budget` = max_tokens_per_microbatch, packing auto), then `update.train_step`
+    fastrl-trl `fastrl.integrations.trl.FastRLGRPOTrainer`: compute_loss, backward, clip, optimizer step
+    trl        stock `trl.GRPOTrainer`, its defaults (its chunked LM head, fused AdamW), the same calls
+    eager      full `[tokens, V]` logits, float32 log-softmax, the same loss; not started when its logits and
+               their gradient (2·N·V·4 bytes) exceed the memory available, which is printed instead
+
+Each provider runs one warm-up step (its clipped gradients, taken just before the optimizer step, are saved
+and compared with stock TRL's: relative L2 over every parameter ≤ 1e-4, else FAIL and no figures), then
+`--steps` timed steps. Reported: the median step time, the peak RSS over the timed steps (the whole process:
+weights, AdamW state, activations) and how far it rose over the RSS before them, the loss. A watchdog stops a
+provider whose RSS passes `--max-rss-gib` (default: 85 % of the memory available at the start).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+PROVIDERS = ("trl", "fastrl", "fastrl-trl", "eager")
+NAMES = {"fastrl": "fastrl trainer update", "fastrl-trl": "FastRLGRPOTrainer", "trl": "trl.GRPOTrainer",
+         "eager": "eager (full logits)"}  # fmt: skip
+REL_TOL = 1e-4
+LR = 1e-6
+
+
+def _meminfo_bytes(key: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _status_kib(pid, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+# ----------------------------------------------------------------------------- the shared model and batch
+
+
+def save_model(opts, path: str) -> None:
+    """Random Qwen2 weights with Qwen2.5-0.5B's head and width, and a tokenizer, saved to `path`."""
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=opts.vocab, hidden_size=opts.hidden, intermediate_size=opts.intermediate,
+        num_hidden_layers=opts.layers, num_attention_heads=opts.heads, num_key_value_heads=opts.kv_heads,
+        max_position_embeddings=max(32768, opts.prompt_length + opts.completion_length), rope_theta=1e6,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=1,
+    )  # fmt: skip
+    Qwen2ForCausalLM(config).float().save_pretrained(path)
+    tok = Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1, "<unk>": 2}, unk_token="<unk>"))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tokenizer.save_pretrained(path)
+
+
+def batch(opts):
+    """(prompt ids [P], completion ids [G, L], advantages [G]): fixed, the same in every provider."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, opts.vocab, (opts.prompt_length,), generator=g)
+    completions = torch.randint(3, opts.vocab, (opts.group, opts.completion_length), generator=g)
+    advantages = torch.linspace(1.0, -0.5, opts.group) if opts.group > 1 else torch.ones(1)
+    return prompt, completions, advantages
+
+
+def _load(opts):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(opts.model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+# ----------------------------------------------------------------------------- one step per provider
+
+
+def fastrl_step(opts):
+    """(model, step): the trainer's own build and update code, with the math-32k preset's update settings."""
+    import torch
+
+    from fastrl.trainer.batching import Sample
+    from fastrl.trainer.build import build_model
+    from fastrl.trainer.config import make_config
+    from fastrl.trainer.update import supports_packing, train_step
+
+    config = make_config(
+        preset="math-32k", model=opts.model_dir, max_prompt_length=opts.prompt_length,
+        max_completion_length=opts.completion_length, group_size=max(2, opts.group), prompts_per_step=1,
+        max_tokens_per_microbatch=opts.budget, eps_high=0.2, lr=LR, device="cpu", bf16=False,
+    )  # fmt: skip
+    model, tokenizer = build_model(config, torch.device("cpu"))
+    packed = config.packing == "on" or (config.packing == "auto" and supports_packing(model))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, config.adam_beta2)
+    )
+    prompt, completions, advantages = batch(opts)
+    samples = [Sample(prompt.tolist(), c.tolist(), float(a)) for c, a in zip(completions, advantages)]
+
+    def step():
+        model.train()
+        out = train_step(
+            model, optimizer, samples, config.loss, budget=config.max_tokens_per_microbatch, packed=packed,
+            pad_id=tokenizer.pad_token_id, max_grad_norm=config.max_grad_norm, impl=config.impl, bf16=config.bf16,
+            log_entropy=config.log_entropy,
+        )  # fmt: skip
+        return out["loss"]
+
+    return model, optimizer, step
+
+
+def trl_step(opts, fastrl: bool, workdir: str):
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from fastrl.integrations.trl import FastRLGRPOTrainer
+
+    model = _load(opts)
+    args = GRPOConfig(
+        output_dir=workdir, use_cpu=True, bf16=False, per_device_train_batch_size=opts.group,
+        num_generations=opts.group, max_completion_length=opts.completion_length, report_to="none",
+        disable_tqdm=True, learning_rate=LR,
+    )  # fmt: skip
+    cls = FastRLGRPOTrainer if fastrl else GRPOTrainer
+    trainer = cls(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                  train_dataset=Dataset.from_dict({"prompt": ["a"] * opts.group}),
+                  processing_class=AutoTokenizer.from_pretrained(opts.model_dir))  # fmt: skip
+    trainer.current_gradient_accumulation_steps = 1
+    optimizer = trainer.create_optimizer()
+    prompt, completions, advantages = batch(opts)
+    mask = torch.ones_like(completions)
+    inputs = {
+        "prompt_ids": prompt.expand(opts.group, -1).clone(), "prompt_mask": torch.ones(opts.group, opts.prompt_length,
+        dtype=torch.long), "completion_ids": completions, "completion_mask": mask, "advantages": advantages,
+        "num_items_in_batch": mask.sum(),
+    }  # fmt: skip
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+
+    def step():
+        trainer.model.train()
+        optimizer.zero_grad(set_to_none=True)
+        loss = trainer.compute_loss(trainer.model, inputs)
+        trainer.accelerator.backward(loss)
+        torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return trainer.model, optimizer, step
+
+
+def eager_step(opts):
+    import torch
+
+    model = _load(opts)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    prompt, completions, advantages = batch(opts)
+    input_ids = torch.cat([prompt.expand(opts.group, -1), completions], dim=1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    adv = advantages.unsqueeze(1)
+
+    def step():
+        model.train()
+        logits = model(input_ids=input_ids, logits_to_keep=opts.completion_length + 1, use_cache=False).logits
+        logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)
+        del logits
+        ratio = torch.exp(logp - logp.detach())
+        loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()  # every token is a completion token
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return model, optimizer, step
+
+
+def child(opts) -> dict:
+    import torch
+
+    from bench.harness import rss_peak_bytes
+
+    with tempfile.TemporaryDirectory() as workdir:
+        if opts.child == "fastrl":
+            model, optimizer, step = fastrl_step(opts)
+        elif opts.child == "eager":
+            model, optimizer, step = eager_step(opts)
+        else:
+            model, optimizer, step = trl_step(opts, opts.child == "fastrl-trl", workdir)
+        names = {p: n for n, p in model.named_parameters()}
+        saved = {}
+
+        def snapshot(opt, *_):  # the clipped gradients the first optimizer step applies
+            if not saved:
+                saved.update({names[p]: p.grad.detach().clone() for g in opt.param_groups for p in g["params"]
+                              if p.grad is not None})  # fmt: skip
+
+        hook = optimizer.register_step_pre_hook(snapshot)
+        start = time.perf_counter()
+        loss = step()
+        warmup_s = time.perf_counter() - start
+        hook.remove()
+        torch.save({"loss": loss, "grads": saved}, opts.grads_out)
+        saved.clear()
+        times = []
+
+        def timed():
+            for _ in range(opts.steps):
+                t0 = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t0)
+
+        rss_before = _status_kib("self", "VmRSS") * 1024
+        rise = rss_peak_bytes(timed)
+    return dict(provider=opts.child, loss=loss, warmup_s=warmup_s, times_s=times, seconds=statistics.median(times),
+                peak_mib=(rss_before + rise) / 2**20, rise_mib=rise / 2**20)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the parent
+
+
+def _rel(a, b) -> float:
+    return (a.double() - b.double()).norm().item() / max(a.double().norm().item(), 1e-30)
+
+
+def _watch(proc, cap_bytes: int, hit: list) -> None:
+    while proc.poll() is None:
+        if _status_kib(proc.pid, "VmRSS") * 1024 > cap_bytes:
+            hit.append(True)
+            proc.kill()
+            return
+        time.sleep(0.25)
+
+
+def run_provider(name: str, opts, grads_out: str) -> dict:
+    tokens = opts.group * (opts.prompt_length + opts.completion_length)
+    if name == "eager":
+        need = 2 * opts.group * (opts.completion_length + 1) * opts.vocab * 4
+        avail = _meminfo_bytes("MemAvailable")
+        if need > 0.85 * avail:
+            return dict(provider=name, status=f"not run: logits + their gradient need {need / 2**30:.1f} GiB, "
+                        f"{avail / 2**30:.1f} GiB available")  # fmt: skip
+    cmd = [sys.executable, "-m", "bench.long_cot_step", "--child", name, "--grads-out", grads_out]
+    cmd += [f"--{k.replace('_', '-')}={getattr(opts, k)}" for k in _SHAPE_FLAGS]
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
+    load = os.getloadavg()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    hit: list = []
+    threading.Thread(target=_watch, args=(proc, opts.max_rss_bytes, hit), daemon=True).start()
+    try:
+        out, err = proc.communicate(timeout=opts.timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return dict(provider=name, status=f"timeout after {opts.timeout_s:.0f} s", tokens=tokens)
+    row = dict(provider=name, load_start=" ".join(f"{x:.2f}" for x in load), tokens=tokens)
+    if hit:
+        return dict(row, status=f"stopped: RSS over {opts.max_rss_bytes / 2**30:.1f} GiB")
+    if proc.returncode:
+        return dict(row, status=f"exit {proc.returncode}: " + " | ".join(err.strip().splitlines()[-2:])[:300])
+    return dict(row, **json.loads(out.strip().splitlines()[-1]), status="ok")
+
+
+def check_gradients(rows: list, paths: dict) -> None:
+    """Each provider's first-step gradients (and loss) against stock TRL's; FAIL drops the figures."""
+    import torch
+
+    if "trl" not in paths:
+        return
+    ref = torch.load(paths["trl"])
+    for row in rows:
+        if row["status"] != "ok":
+            continue
+        got = torch.load(paths[row["provider"]])
+        missing = sorted(set(ref["grads"]) ^ set(got["grads"]))
+        if missing:
+            row.update(status=f"FAIL: gradients differ in which parameters have one ({missing[:3]})")
+            continue
+        row["grad_rel"] = max(_rel(g, got["grads"][n]) for n, g in ref["grads"].items())
+        row["loss_diff"] = abs(ref["loss"] - got["loss"])
+        if not row["grad_rel"] <= REL_TOL or row["loss_diff"] > 1e-5 * max(1.0, abs(ref["loss"])):
+            row["status"] = "FAIL"
+
+
+def table(rows: list, opts) -> str:
+    trl = next((r for r in rows if r["provider"] == "trl" and r["status"] == "ok"), None)
+    lines = [
+        f"**GRPO step, G = {opts.group} × ({opts.prompt_length} + {opts.completion_length}) tokens, "
+        f"{opts.layers} layers, D = {opts.hidden}, V = {opts.vocab}, fp32, CPU, {opts.steps} timed steps**",
+        "",
+        "| provider | status | step s (median) | × trl time | peak RSS MiB | × trl peak | RSS rise MiB | loss "
+        "| grad rel L2 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ok = r["status"] == "ok"
+        cell = lambda key, fmt: fmt.format(r[key]) if ok and key in r else "—"  # noqa: E731
+        xt = f"{r['seconds'] / trl['seconds']:.2f}" if ok and trl else "—"
+        xm = f"{r['peak_mib'] / trl['peak_mib']:.2f}" if ok and trl else "—"
+        lines.append(
+            f"| {NAMES[r['provider']]} | {r['status']} | {cell('seconds', '{:.1f}')} | {xt} | "
+            f"{cell('peak_mib', '{:.0f}')} | {xm} | {cell('rise_mib', '{:.0f}')} | {cell('loss', '{:.6f}')} | "
+            f"{cell('grad_rel', '{:.1e}')} |"
+        )
+    return "\n".join(lines)
+
+
+_SHAPE_FLAGS = ("completion_length", "prompt_length", "group", "layers", "vocab", "hidden", "intermediate", "heads",
+                "kv_heads", "budget", "steps", "model_dir")  # fmt: skip
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--completion-length", type=int, default=32768)
+    p.add_argument("--prompt-length", type=int, default=256)
+    p.add_argument("--group", type=int, default=2, help="G: completions of the one prompt")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--hidden", type=int, default=896)
+    p.add_argument("--intermediate", type=int, default=4864)
+    p.add_argument("--heads", type=int, default=14)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--budget", type=int, default=65536, help="fastrl's max_tokens_per_microbatch (math-32k's)")
+    p.add_argument("--steps", type=int, default=2, help="timed steps after the warm-up step")
+    p.add_argument("--providers", default=",".join(PROVIDERS))
+    p.add_argument("--timeout-s", type=float, default=7200, help="per provider")
+    p.add_argument("--max-rss-gib", type=float, default=None)
+    p.add_argument("--out", default=None, help="also write the rows as JSON here")
+    p.add_argument("--model-dir", default="", help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=PROVIDERS, help=argparse.SUPPRESS)
+    p.add_argument("--grads-out", help=argparse.SUPPRESS)
+    opts = p.parse_args(argv)
+    unknown = [x for x in opts.providers.split(",") if x not in PROVIDERS]
+    if unknown:
+        p.error(f"--providers {unknown}: not among {', '.join(PROVIDERS)}")
+    if opts.steps < 1 or opts.group < 1 or opts.completion_length < 1:
+        p.error("--steps, --group and --completion-length must be >= 1")
+    return opts
+
+
+def main(argv=None) -> list:
+    opts = parse(argv)
+    if opts.child:
+        print(json.dumps(child(opts)))
+        return []
+    opts.max_rss_bytes = int((opts.max_rss_gib or 0.85 * _meminfo_bytes("MemAvailable") / 2**30) * 2**30)
+    rows, paths = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        opts.model_dir = os.path.join(tmp, "model")
+        save_model(opts, opts.model_dir)
+        for name in opts.providers.split(","):
+            paths[name] = os.path.join(tmp, f"{name}.pt")
+            rows.append(run_provider(name, opts, paths[name]))
+            print(json.dumps(rows[-1]), flush=True)
+        check_gradients(rows, {k: v for k, v in paths.items() if os.path.exists(v)})
+    if opts.out:
+        with open(opts.out, "w") as f:
+            json.dump({"argv": sys.argv[1:], "load_end": os.getloadavg(), "rows": rows}, f, indent=1)
+    print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+    print(table(rows, opts))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
