@@ -35,6 +35,12 @@ def model(seed=0, vocab=64, hidden=32, tie=False):
     return Qwen2ForCausalLM(config).float()
 
 
+def load(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path).float()
+
+
 def reward(completions, **kwargs):
     """Deterministic: the fraction of even-numbered words, minus 0.01 per word."""
     out = []
