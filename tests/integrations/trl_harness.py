@@ -64,9 +64,10 @@ def config(tmp_path, **overrides):
     return GRPOConfig(**fields)
 
 
-def run(trainer_cls, args, base_model, *, wrap=None):
+def run(trainer_cls, args, base_model, *, wrap=None, params=None):
     """Train a copy of `base_model` (a model, or the path of a saved one) with `trainer_cls`, after `wrap`
-    (a function of the built trainer) when given; return (log_history, {param name: tensor})."""
+    (a function of the built trainer) when given; return (log_history, {param name: tensor}), the parameters
+    read by `params(trainer)` when given."""
     from datasets import Dataset
 
     data = Dataset.from_dict({"prompt": PROMPTS})
@@ -75,6 +76,9 @@ def run(trainer_cls, args, base_model, *, wrap=None):
     if wrap is not None:
         trainer = wrap(trainer)
     trainer.train()
-    params = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    if params is not None:
+        params = params(trainer)
+    else:
+        params = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     logs = [{k: v for k, v in entry.items() if k not in TIMING_KEYS} for entry in trainer.state.log_history]
     return logs, params

@@ -1,0 +1,127 @@
+"""One rank of a multi-process TRL GRPO run: `python -m torch.distributed.run --nproc_per_node 2 trl_dist_worker.py
+SPEC.json` (tests/integrations/test_trl_distributed.py launches it).
+
+The spec names the engine ("ddp", "fsdp2" or "zero3"; accelerate's MULTI_CPU with gloo), the trainers to run one
+after the other from the same seed ("stock" = `trl.GRPOTrainer`, "fastrl" = `FastRLGRPOTrainer`), the
+`GRPOConfig` overrides and the model (tied head or not). Each rank writes `<out>/<trainer>-rank<r>.pt`: the
+trained parameters (full tensors), the log history, every log-prob tensor the trainer computed (generation's old /
+reference passes and the training forwards, in call order) with the completion-token count of each call, and how
+many times the LM head was gathered per scoring call.
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import trl_harness as h  # noqa: E402
+
+ZERO3 = {
+    "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+    "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": False},
+    "zero_allow_untested_optimizer": True, "bf16": {"enabled": False}, "fp16": {"enabled": False},
+}  # fmt: skip
+
+
+def engine_fields(engine: str) -> dict:
+    if engine == "ddp":
+        return {}
+    if engine == "fsdp2":
+        return dict(fsdp="full_shard", fsdp_config={"fsdp_version": 2, "reshard_after_forward": True})
+    if engine == "zero3":
+        return dict(deepspeed=ZERO3)
+    raise ValueError(f"unknown engine {engine!r}")
+
+
+def full_params(trainer) -> dict:
+    """Every trained parameter as a full tensor on this rank (gathered from its shard under FSDP2 / ZeRO-3)."""
+    out = {}
+    for name, p in trainer.model_wrapped.named_parameters():
+        name = name.removeprefix("module.")
+        if hasattr(p, "full_tensor"):
+            out[name] = p.full_tensor().detach().clone()
+        elif hasattr(p, "ds_id"):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([p]):
+                out[name] = p.detach().clone()
+        else:
+            out[name] = p.detach().clone()
+    return out
+
+
+def count_head_gathers(record: dict) -> None:
+    """Count DTensor.full_tensor() calls on a [V, D] tensor and ZeRO-3 GatheredParameters entries."""
+    from torch.distributed.tensor import DTensor
+
+    full_tensor = DTensor.full_tensor
+
+    def counted(self, *args, **kwargs):
+        if self.dim() == 2 and self.shape[0] == record["vocab"]:
+            record["gathers"] += 1
+        return full_tensor(self, *args, **kwargs)
+
+    DTensor.full_tensor = counted
+    try:
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters
+        enter = gathered.__enter__
+
+        def counted_enter(self):
+            if getattr(self, "enabled", True) and any(p.ds_shape[0] == record["vocab"] for p in self.params):
+                record["gathers"] += 1
+            return enter(self)
+
+        gathered.__enter__ = counted_enter
+    except ImportError:
+        pass
+
+
+def run(kind: str, spec: dict, rank: int) -> None:
+    from trl import GRPOTrainer
+
+    from fastrl.integrations.trl import FastRLGRPOTrainer
+
+    fields = dict(optim="sgd", **engine_fields(spec["engine"]), **spec.get("overrides", {}))
+    args = h.config(os.path.join(spec["out"], kind), **fields)
+    base = spec.get("model_path") or h.model(tie=spec.get("tie", False))
+    record = {"vocab": 64, "gathers": 0, "logps": [], "tokens": [], "gathers_per_call": []}
+    count_head_gathers(record)
+    cls = FastRLGRPOTrainer if kind == "fastrl" else GRPOTrainer
+    logs, params = h.run(cls, args, base, wrap=lambda t: _record(t, record), params=full_params)
+    torch.save(
+        {"params": params, "logs": logs, "logps": record["logps"], "tokens": record["tokens"],
+         "gathers_per_call": record["gathers_per_call"]},
+        os.path.join(spec["out"], f"{kind}-rank{rank}.pt"),
+    )  # fmt: skip
+
+
+def _record(trainer, record):
+    score = trainer._get_per_token_logps_and_entropies
+
+    def recorded(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        before = record["gathers"]
+        out = score(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        record["gathers_per_call"].append(record["gathers"] - before)
+        record["logps"].append(out[0].detach().clone())
+        record["tokens"].append(int(attention_mask[:, -logits_to_keep:].sum()))
+        return out
+
+    trainer._get_per_token_logps_and_entropies = recorded
+    return trainer
+
+
+def main(spec_path: str) -> None:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    rank = int(os.environ["RANK"])
+    for kind in spec["trainers"]:
+        run(kind, spec, rank)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
