@@ -103,3 +103,36 @@ DDP_CASES = [
 def test_ddp_two_ranks_match_stock(tmp_path, saved_model, overrides):
     spec = {"engine": "ddp", "model_path": saved_model, "overrides": {"learning_rate": 0.5, **overrides}}
     compare(launch(tmp_path, spec), _base(spec))
+
+
+FSDP2_CASES = [
+    pytest.param(dict(tie=False), id="untied-head-with-final-norm"),
+    pytest.param(dict(tie=True), id="tied-head"),
+    pytest.param(dict(tie=False, head_unit=True), id="untied-head-own-unit"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", FSDP2_CASES)
+def test_fsdp2_two_ranks_match_stock(tmp_path, layout):
+    """accelerate's FSDP2 layout on CPU (see trl_dist_worker.allow_fsdp_on_cpu). With the head in the final norm's
+    unit FSDP has unsharded it when the fused forward reads it; as its own unit the head is a sharded DTensor and
+    both TRL and fastrl all-gather it exactly once per scoring call."""
+    overrides = {"learning_rate": 0.5, "loss_type": "dapo", "steps_per_generation": 4}
+    spec = {"engine": "fsdp2", **layout, "overrides": overrides}
+    results = launch(tmp_path, spec)
+    compare(results, _base(spec))
+    for kind, ranks in results.items():
+        for r in ranks:
+            # scoring inside the training step reads the sharded head; generation (TRL unwraps the model to the full
+            # parameters for it) and the first generation, before prepare(), read a full Parameter
+            calls = list(zip(r["head"], r["gathers_per_call"]))
+            assert any(name == "DTensor" for (name, _), _ in calls), calls
+            for (name, numel), (gathers, forwards) in calls:
+                # Read sharded (a DTensor outside the forward): a head in its own unit stays sharded inside the
+                # forward too and is gathered once per forward (TRL scores in chunks of rows). accelerate's default
+                # unit of final norm and head (with the embedding when tied) is unsharded by FSDP before the fused
+                # head reads it: no gather. A full Parameter (generation, before prepare()) needs none.
+                sharded_inside = name == "DTensor" and layout.get("head_unit")
+                assert numel == 32 * 64 // (2 if name == "DTensor" else 1), (kind, calls)
+                assert gathers == (forwards if sharded_inside else 0), (kind, calls)

@@ -26,14 +26,38 @@ ZERO3 = {
 }  # fmt: skip
 
 
-def engine_fields(engine: str) -> dict:
+def engine_fields(engine: str, head_unit: bool = False) -> dict:
+    """`GRPOConfig` fields for the engine. `head_unit`: under FSDP2, every `nn.Linear` (the head included) is its
+    own FSDP unit, so the head's weight is a sharded DTensor when the fused forward reads it without calling the
+    module; otherwise accelerate puts the head in one unit with the final norm (gathered by the norm's forward)."""
     if engine == "ddp":
         return {}
     if engine == "fsdp2":
-        return dict(fsdp="full_shard", fsdp_config={"fsdp_version": 2, "reshard_after_forward": True})
+        config = {"fsdp_version": 2, "reshard_after_forward": True}
+        if head_unit:
+            config["transformer_layer_cls_to_wrap"] = ["Qwen2DecoderLayer", "Linear"]
+        return dict(fsdp="full_shard", fsdp_config=config)
     if engine == "zero3":
         return dict(deepspeed=ZERO3)
     raise ValueError(f"unknown engine {engine!r}")
+
+
+def allow_fsdp_on_cpu() -> None:
+    """accelerate (1.15) turns an FSDP plugin into DistributedType.FSDP only on accelerator devices; on CPU it
+    drops it and wraps the model in DDP. Keep the plugin under MULTI_CPU so `fsdp2_prepare_model` shards the model
+    as it does on GPUs (fully_shard over a gloo mesh: the same units, DTensor parameters)."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    init = AcceleratorState.__init__
+
+    def init_keeping_fsdp(self, *args, fsdp_plugin=None, **kwargs):
+        init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+
+    AcceleratorState.__init__ = init_keeping_fsdp
 
 
 def full_params(trainer) -> dict:
@@ -86,16 +110,17 @@ def run(kind: str, spec: dict, rank: int) -> None:
 
     from fastrl.integrations.trl import FastRLGRPOTrainer
 
-    fields = dict(optim="sgd", **engine_fields(spec["engine"]), **spec.get("overrides", {}))
+    engine = engine_fields(spec["engine"], spec.get("head_unit", False))
+    fields = dict(optim="sgd", **engine, **spec.get("overrides", {}))
     args = h.config(os.path.join(spec["out"], kind), **fields)
     base = spec.get("model_path") or h.model(tie=spec.get("tie", False))
-    record = {"vocab": 64, "gathers": 0, "logps": [], "tokens": [], "gathers_per_call": []}
+    record = {"vocab": 64, "gathers": 0, "logps": [], "tokens": [], "gathers_per_call": [], "head": []}
     count_head_gathers(record)
     cls = FastRLGRPOTrainer if kind == "fastrl" else GRPOTrainer
     logs, params = h.run(cls, args, base, wrap=lambda t: _record(t, record), params=full_params)
     torch.save(
         {"params": params, "logs": logs, "logps": record["logps"], "tokens": record["tokens"],
-         "gathers_per_call": record["gathers_per_call"]},
+         "gathers_per_call": record["gathers_per_call"], "head": record["head"]},
         os.path.join(spec["out"], f"{kind}-rank{rank}.pt"),
     )  # fmt: skip
 
@@ -104,9 +129,13 @@ def _record(trainer, record):
     score = trainer._get_per_token_logps_and_entropies
 
     def recorded(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        weight = trainer.accelerator.unwrap_model(model).get_output_embeddings().weight
+        local = weight.to_local() if hasattr(weight, "to_local") else weight
+        record["head"].append((type(weight).__name__, local.numel()))  # what the head holds outside the call
         before = record["gathers"]
         out = score(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        record["gathers_per_call"].append(record["gathers"] - before)
+        rows, chunk = input_ids.shape[0], (args[0] if args else kwargs.get("batch_size")) or input_ids.shape[0]
+        record["gathers_per_call"].append((record["gathers"] - before, -(-rows // chunk)))  # (gathers, forwards)
         record["logps"].append(out[0].detach().clone())
         record["tokens"].append(int(attention_mask[:, -logits_to_keep:].sum()))
         return out
@@ -119,6 +148,8 @@ def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     rank = int(os.environ["RANK"])
+    if spec["engine"] == "fsdp2":
+        allow_fsdp_on_cpu()
     for kind in spec["trainers"]:
         run(kind, spec, rank)
 
