@@ -136,3 +136,15 @@ def test_fsdp2_two_ranks_match_stock(tmp_path, layout):
                 sharded_inside = name == "DTensor" and layout.get("head_unit")
                 assert numel == 32 * 64 // (2 if name == "DTensor" else 1), (kind, calls)
                 assert gathers == (forwards if sharded_inside else 0), (kind, calls)
+
+
+@pytest.mark.slow
+def test_zero3_two_ranks_match_stock(tmp_path):
+    """DeepSpeed ZeRO-3 on the CPU accelerator (DS_ACCELERATOR=cpu, gloo), every parameter partitioned. Outside the
+    forward the head's local tensor is empty (numel 0); both ranks make the same gather calls, call by call."""
+    spec = {"engine": "zero3", "overrides": {"learning_rate": 0.5, "loss_type": "dapo", "steps_per_generation": 4}}
+    results = launch(tmp_path, spec)
+    compare(results, _base(spec))
+    for kind, ranks in results.items():
+        assert all(name == "Parameter" and numel == 0 for name, numel in ranks[0]["head"] + ranks[1]["head"]), kind
+        assert ranks[0]["gathers_per_call"] == ranks[1]["gathers_per_call"], kind

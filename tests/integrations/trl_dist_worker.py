@@ -21,7 +21,8 @@ import trl_harness as h  # noqa: E402
 
 ZERO3 = {
     "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
-    "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": False},
+    # persistence threshold 0: every parameter is partitioned, however small (the default keeps < 1e5 elements whole)
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
     "zero_allow_untested_optimizer": True, "bf16": {"enabled": False}, "fp16": {"enabled": False},
 }  # fmt: skip
 
