@@ -148,3 +148,39 @@ def test_zero3_two_ranks_match_stock(tmp_path):
     for kind, ranks in results.items():
         assert all(name == "Parameter" and numel == 0 for name, numel in ranks[0]["head"] + ranks[1]["head"]), kind
         assert ranks[0]["gathers_per_call"] == ranks[1]["gathers_per_call"], kind
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [pytest.param([48, 0], id="48-vs-0-tokens"), pytest.param([48, 3], id="48-vs-3")])
+def test_zero3_head_gathers_the_same_on_every_rank(tmp_path, tokens):
+    """The ZeRO-3 gather path itself (the head partitioned, numel 0, when fastrl reads it): logp, entropy, d_hidden
+    and DeepSpeed's averaged d_weight equal the unsharded computation; very unequal token counts (0 included)
+    finish with the same number of gathers on both ranks: one for the forward, one for the backward."""
+    import trl_harness as h
+
+    from fastrl.kernels import token_logprobs
+
+    spec = {"engine": "zero3-head", "tokens": tokens}
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
+    root = str(HERE.parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
+    proc = subprocess.run([*cmd, str(spec_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    ranks = [torch.load(tmp_path / f"zero3-head-rank{r}.pt") for r in (0, 1)]
+    weight = h.model().lm_head.weight.detach().requires_grad_()
+    d_weight = torch.zeros_like(weight)
+    for r in ranks:
+        assert r["outside_numel"] == 0 and r["gathers"] == 2, (r["outside_numel"], r["gathers"])
+        hidden = r["hidden"].clone().requires_grad_()
+        logp, entropy = token_logprobs(hidden, weight, r["labels"], temperature=0.7, return_entropy=True)
+        (logp.sum() + 0.1 * entropy.sum()).backward()
+        torch.testing.assert_close(r["logp"], logp.detach(), rtol=FP32_TOL, atol=FP32_TOL)
+        torch.testing.assert_close(r["entropy"], entropy.detach(), rtol=FP32_TOL, atol=FP32_TOL)
+        torch.testing.assert_close(r["d_hidden"], hidden.grad, rtol=FP32_TOL, atol=FP32_TOL)
+        d_weight += weight.grad / 2  # DeepSpeed averages the ranks' gradients
+        weight.grad = None
+    for r in ranks:
+        torch.testing.assert_close(r["d_weight"], d_weight, rtol=FP32_TOL, atol=FP32_TOL)

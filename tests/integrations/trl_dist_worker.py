@@ -145,10 +145,43 @@ def _record(trainer, record):
     return trainer
 
 
+def zero3_head(spec: dict, rank: int) -> None:
+    """fastrl's head on a ZeRO-3-partitioned model, called outside the engine's forward (the head is NOT_AVAILABLE,
+    so `gather.zero3_scored` gathers it): rank 0 scores `spec["tokens"][0]` tokens, rank 1 `spec["tokens"][1]` (0
+    allowed). Writes logp, d_hidden, the averaged d_weight (DeepSpeed's own reduction) and the gather count."""
+    import deepspeed
+    from deepspeed.utils import safe_get_full_grad
+
+    from fastrl.integrations.trl.head import head_logprobs
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    record = {"vocab": 64, "gathers": 0}
+    count_head_gathers(record)
+    model = h.model()
+    config = {**ZERO3, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": 2}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=config)
+    weight = engine.module.lm_head.weight
+    outside = weight.numel()
+    generator = torch.Generator().manual_seed(rank)
+    hidden = torch.randn(2, 24, 32, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 64, (2, 24), generator=generator)
+    labels.view(-1)[spec["tokens"][rank] :] = -100
+    logp, entropy = head_logprobs(engine.module, hidden, labels, temperature=0.7)
+    (logp.sum() + 0.1 * entropy.sum()).backward()
+    d_weight = safe_get_full_grad(weight)
+    torch.save(
+        {"logp": logp.detach(), "entropy": entropy.detach(), "d_hidden": hidden.grad, "d_weight": d_weight,
+         "hidden": hidden.detach(), "labels": labels, "gathers": record["gathers"], "outside_numel": outside},
+        os.path.join(spec["out"], f"zero3-head-rank{rank}.pt"),
+    )  # fmt: skip
+
+
 def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     rank = int(os.environ["RANK"])
+    if spec["engine"] == "zero3-head":
+        return zero3_head(spec, rank)
     if spec["engine"] == "fsdp2":
         allow_fsdp_on_cpu()
     for kind in spec["trainers"]:

@@ -64,7 +64,7 @@ def config(tmp_path, **overrides):
     return GRPOConfig(**fields)
 
 
-def run(trainer_cls, args, base_model, *, wrap=None, params=None):
+def run(trainer_cls, args, base_model, *, wrap=None, params=None, **trainer_kwargs):
     """Train a copy of `base_model` (a model, or the path of a saved one) with `trainer_cls`, after `wrap`
     (a function of the built trainer) when given; return (log_history, {param name: tensor}), the parameters
     read by `params(trainer)` when given."""
@@ -72,7 +72,9 @@ def run(trainer_cls, args, base_model, *, wrap=None, params=None):
 
     data = Dataset.from_dict({"prompt": PROMPTS})
     net = base_model if isinstance(base_model, str) else copy.deepcopy(base_model)
-    trainer = trainer_cls(model=net, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer())
+    trainer = trainer_cls(
+        model=net, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer(), **trainer_kwargs
+    )
     if wrap is not None:
         trainer = wrap(trainer)
     trainer.train()
