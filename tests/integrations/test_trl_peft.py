@@ -53,12 +53,20 @@ def test_lora_matches_stock_trl_with_peft(tmp_path, steps_per_generation, monkey
     assert diff <= FP32_TOL * update, (diff, update)
 
 
-def test_lora_on_the_head_is_refused_at_construction(tmp_path):
-    args = h.config(tmp_path, optim="sgd")
-    with pytest.raises(ValueError, match="'lm_head' carries a PEFT adapter"):
+@pytest.mark.parametrize("how", ["peft_config", "peft_model"])
+def test_lora_on_the_head_is_refused_at_construction(tmp_path, how):
+    """An adapter on lm_head would be skipped by a fused head that reads lm_head.weight: the trainer refuses it,
+    naming lm_head, whether it comes as `peft_config` or as a PeftModel (TRL's own check, which it inherits)."""
+    from peft import get_peft_model
+
+    net, peft = h.model(), lora("q_proj", "lm_head")
+    kwargs = {"peft_config": peft} if how == "peft_config" else {}
+    net = net if how == "peft_config" else get_peft_model(net, peft)
+    with pytest.raises(ValueError, match="lm_head"):
         FastRLGRPOTrainer(
-            model=h.model(), reward_funcs=h.reward, args=args, train_dataset=None, peft_config=lora("q_proj", "lm_head")
-        )
+            model=net, reward_funcs=h.reward, args=h.config(tmp_path, optim="sgd"), train_dataset=None,
+            processing_class=h.tokenizer(), **kwargs,
+        )  # fmt: skip
 
 
 def test_frozen_head_gets_no_gradient(tmp_path):

@@ -36,28 +36,10 @@ def _patch_models(trainer) -> None:
     check_model(trainer.model)
     fp32_head = trainer.args.cast_lm_head_to_fp32
     model = trainer.model.get_base_model() if is_peft_model(trainer.model) else trainer.model
-    _refuse_head_adapter(model)
     add_fastrl_lm_head(model, temperature=trainer.temperature, cast_lm_head_to_fp32=fp32_head)
     if trainer.ref_model is not None:
         add_fastrl_lm_head(trainer.ref_model, temperature=trainer.temperature, cast_lm_head_to_fp32=fp32_head)
     trainer._fastrl_loss = config
-
-
-def _refuse_head_adapter(model) -> None:
-    """A PEFT adapter on the LM head (LoRA and the like) would be skipped by a fused head that reads the base
-    weight: refuse it by name instead."""
-    try:
-        from peft.tuners.tuners_utils import BaseTunerLayer
-    except ImportError:  # no peft, no adapter
-        return
-    head = model.get_output_embeddings()
-    if isinstance(head, BaseTunerLayer):
-        name = next((n for n, m in model.named_modules() if m is head), "lm_head")
-        raise ValueError(
-            f"the LM head {name!r} carries a PEFT adapter ({type(head).__module__}.{type(head).__name__}): fastrl's "
-            f"fused head reads the base weight only; remove {name.rsplit('.', 1)[-1]!r} from the adapter's "
-            "target_modules (adapters on the other layers are supported)"
-        )
 
 
 class FastRLGRPOTrainer(GRPOTrainer):
