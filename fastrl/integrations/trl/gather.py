@@ -16,7 +16,7 @@ import contextlib
 
 import torch
 
-__all__ = ["full_head", "gathered", "zero3_partitioned", "zero3_scored"]
+__all__ = ["full_head", "gathered", "zero3_params", "zero3_partitioned", "zero3_scored"]
 
 
 def full_head(weight: torch.Tensor, bias: torch.Tensor | None):
@@ -30,14 +30,19 @@ def full_head(weight: torch.Tensor, bias: torch.Tensor | None):
     return weight, bias
 
 
+def zero3_params(*params) -> list:
+    """The distinct ZeRO-3 parameters among `params` (None and plain parameters left out)."""
+    return list({id(p): p for p in params if p is not None and hasattr(p, "ds_id")}.values())
+
+
 def zero3_partitioned(*params) -> list:
-    """The distinct ZeRO-3 parameters among `params` that are partitioned now (not None, not gathered)."""
-    candidates = {id(p): p for p in params if p is not None and hasattr(p, "ds_id")}
+    """The distinct ZeRO-3 parameters among `params` that are partitioned now (not gathered)."""
+    candidates = zero3_params(*params)
     if not candidates:
         return []
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-    return [p for p in candidates.values() if p.ds_status != ZeroParamStatus.AVAILABLE]
+    return [p for p in candidates if p.ds_status != ZeroParamStatus.AVAILABLE]
 
 
 def gathered(params: list):
@@ -72,10 +77,12 @@ class _Zero3Scored(torch.autograd.Function):
 
 
 def zero3_scored(score, hidden: torch.Tensor, params: list):
-    """`score(hidden)` with the ZeRO-3 `params` (e.g. the head's weight and bias) gathered, in the forward and in
-    the backward; `score` reads them from the model. params = [] (no ZeRO-3) calls `score(hidden)` directly."""
+    """`score(hidden)` with the ZeRO-3 `params` (the head's weight and bias) gathered where partitioned, in the
+    forward and again in the backward; `score` reads them from the model. A head DeepSpeed has gathered already
+    (its prefetch) is not gathered again, but still not kept for the backward, where it may be partitioned.
+    params = [] (no ZeRO-3) calls `score(hidden)` directly."""
     if not params:
         return score(hidden)
-    with gathered(params):
+    with gathered(zero3_partitioned(*params)):
         # applied inside the gather: autograd records the full [V, D] shape the returned d_weight has
         return _Zero3Scored.apply(score, hidden, *params)

@@ -20,7 +20,7 @@ import torch
 from fastrl.kernels import token_logprobs
 from fastrl.losses import lm_body_and_head
 
-from .gather import full_head, gathered, zero3_partitioned, zero3_scored
+from .gather import full_head, gathered, zero3_params, zero3_partitioned, zero3_scored
 
 __all__ = ["add_fastrl_lm_head"]
 
@@ -41,7 +41,7 @@ def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_
     The head is read in full under FSDP2 and DeepSpeed ZeRO-3 (`gather`: once per call, and once more in the
     backward under ZeRO-3)."""
     head = model.get_output_embeddings()
-    partitioned = zero3_partitioned(head.weight, getattr(head, "bias", None))
+    sharded = zero3_params(head.weight, getattr(head, "bias", None))
     labels = labels.to(head.weight.device)
     dtype = _compute_dtype(hidden, cast_lm_head_to_fp32)
 
@@ -56,7 +56,7 @@ def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_
             return_entropy=True, impl=impl,
         )  # fmt: skip
 
-    return zero3_scored(score, hidden, partitioned)
+    return zero3_scored(score, hidden, sharded)
 
 
 def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False, impl: str = "auto"):
