@@ -146,34 +146,44 @@ def _record(trainer, record):
 
 
 def zero3_head(spec: dict, rank: int) -> None:
-    """fastrl's head on a ZeRO-3-partitioned model, called outside the engine's forward (the head is NOT_AVAILABLE,
-    so `gather.zero3_scored` gathers it): rank 0 scores `spec["tokens"][0]` tokens, rank 1 `spec["tokens"][1]` (0
-    allowed). Writes logp, d_hidden, the averaged d_weight (DeepSpeed's own reduction) and the gather count."""
+    """fastrl's head on a ZeRO-3-partitioned model, called through the engine's forward as TRL calls it: rank 0
+    scores `spec["tokens"][0]` completion tokens, rank 1 `spec["tokens"][1]` (0 allowed). Writes logp, entropy,
+    the head's averaged d_weight (DeepSpeed's own reduction), the head's numel outside the call and the number of
+    head gathers."""
     import deepspeed
     from deepspeed.utils import safe_get_full_grad
 
-    from fastrl.integrations.trl.head import head_logprobs
+    from fastrl.integrations.trl import add_fastrl_lm_head
 
     deepspeed.init_distributed(dist_backend="gloo")
     record = {"vocab": 64, "gathers": 0}
-    count_head_gathers(record)
     model = h.model()
-    config = {**ZERO3, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "train_batch_size": 2}
+    add_fastrl_lm_head(model, temperature=0.7)
+    config = {**ZERO3, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 4}
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=config)
+    count_head_gathers(record)
     weight = engine.module.lm_head.weight
     outside = weight.numel()
-    generator = torch.Generator().manual_seed(rank)
-    hidden = torch.randn(2, 24, 32, generator=generator, requires_grad=True)
-    labels = torch.randint(0, 64, (2, 24), generator=generator)
-    labels.view(-1)[spec["tokens"][rank] :] = -100
-    logp, entropy = head_logprobs(engine.module, hidden, labels, temperature=0.7)
-    (logp.sum() + 0.1 * entropy.sum()).backward()
-    d_weight = safe_get_full_grad(weight)
+    ids, labels = zero3_batch(rank, spec["tokens"][rank])
+    out = engine(input_ids=ids, labels=labels, fused_lm_head=True)
+    engine.backward(out.log_probs.sum() + 0.1 * out.entropy.sum())
     torch.save(
-        {"logp": logp.detach(), "entropy": entropy.detach(), "d_hidden": hidden.grad, "d_weight": d_weight,
-         "hidden": hidden.detach(), "labels": labels, "gathers": record["gathers"], "outside_numel": outside},
+        {"logp": out.log_probs.detach(), "entropy": out.entropy.detach(), "d_weight": safe_get_full_grad(weight),
+         "gathers": record["gathers"], "outside_numel": outside},
         os.path.join(spec["out"], f"zero3-head-rank{rank}.pt"),
     )  # fmt: skip
+
+
+def zero3_batch(rank: int, tokens: int):
+    """Two sequences of 25 ids; the last `tokens` next-token labels of the flattened batch are scored."""
+    generator = torch.Generator().manual_seed(rank)
+    ids = torch.randint(3, 64, (2, 25), generator=generator)
+    labels = torch.full_like(ids, -100)
+    scored = labels[:, 1:].reshape(-1)
+    if tokens:
+        scored[-tokens:] = ids[:, 1:].reshape(-1)[-tokens:]
+    labels[:, 1:] = scored.view(2, 24)
+    return ids, labels
 
 
 def main(spec_path: str) -> None:
