@@ -9,7 +9,9 @@
   once) for the forward, and again in the backward, which recomputes the head's forward: fastrl's kernels keep
   the weight for their backward, and ZeRO-3 frees it when the gather ends. Each is ONE gather per forward and one
   per backward whatever the rank's token count (zero included), so every rank makes the same collective calls.
-  d_weight reaches the parameter through autograd, where ZeRO-3's gradient hooks reduce-scatter it.
+  d_weight reaches the parameter through autograd, where ZeRO-3's gradient hooks reduce-scatter it; that needs
+  the parameter gathered when autograd accumulates it, which holds inside the engine's forward (DeepSpeed keeps
+  it gathered) and not for a head called outside it (autograd then fails on the partitioned `[0]` shape).
 """
 
 import contextlib
