@@ -2,9 +2,9 @@
 
 Both trainers run 3 optimizer steps (gradient accumulation 2; steps_per_generation 4, so the later
 micro-batches are off-policy and clip, or 2, on-policy) from one seed on a tiny random Qwen2; the logged loss
-and every logged metric and the trained parameters must agree. The optimizer is SGD: Adam divides by √v, which turns the rounding
-noise of gradients that are exactly zero in exact arithmetic (the key-projection biases: softmax ignores
-a constant shift) into full-size steps, so an Adam run would compare noise.
+and every logged metric and the trained parameters must agree. The optimizer is SGD: Adam divides by √v,
+which turns the rounding noise of gradients that are exactly zero in exact arithmetic (the key-projection
+biases: softmax ignores a constant shift) into full-size steps, so an Adam run would compare noise.
 """
 
 import math
