@@ -1,10 +1,10 @@
 """`FastRLGRPOTrainer` against TRL's real `GRPOTrainer`, end to end on CPU.
 
-Both trainers run 3 optimizer steps (gradient accumulation 2, steps_per_generation 4, so the later
-micro-batches are off-policy and clip) from one seed on a tiny random Qwen2; the logged loss and metrics
-and the trained parameters must agree. The optimizer is SGD: Adam divides by √v, which turns the rounding
-noise of gradients that are exactly zero in exact arithmetic (the key-projection biases: softmax ignores
-a constant shift) into full-size steps, so an Adam run would compare noise.
+Both trainers run 3 optimizer steps (gradient accumulation 2; steps_per_generation 4, so the later
+micro-batches are off-policy and clip, or 2, on-policy) from one seed on a tiny random Qwen2; the logged loss
+and every logged metric and the trained parameters must agree. The optimizer is SGD: Adam divides by √v,
+which turns the rounding noise of gradients that are exactly zero in exact arithmetic (the key-projection
+biases: softmax ignores a constant shift) into full-size steps, so an Adam run would compare noise.
 """
 
 import math
@@ -40,10 +40,11 @@ def _compare(stock, ours, base, *, log_tol, update_tol):
     assert diff <= update_tol * update, (diff, update)
 
 
-FP32_CASES = [
+LOSS_TYPES = [
     pytest.param(dict(loss_type="grpo"), id="grpo"),
     pytest.param(dict(loss_type="bnpo"), id="bnpo"),
     pytest.param(dict(loss_type="dapo"), id="dapo"),
+    pytest.param(dict(loss_type="dr_grpo"), id="dr_grpo"),
     pytest.param(dict(loss_type="luspo", importance_sampling_level="sequence"), id="luspo-gspo"),
     pytest.param(dict(loss_type="grpo", importance_sampling_level="sequence"), id="grpo-gspo"),
     pytest.param(
@@ -55,31 +56,36 @@ FP32_CASES = [
     pytest.param(dict(loss_type="vespo"), id="vespo"),
     pytest.param(dict(loss_type="dapo", off_policy_mask_threshold=0.0), id="dapo-off-policy-mask"),
 ]
+# steps_per_generation 4 > gradient accumulation 2: the second optimizer step trains on completions of the
+# first one's policy (TRL's old_per_token_logps path); 2 = 2: every micro-batch is on-policy (no old log-probs)
+POLICIES = [pytest.param(4, id="off-policy"), pytest.param(2, id="on-policy")]
 
 
-@pytest.mark.parametrize("overrides", FP32_CASES)
-def test_matches_grpo_trainer_fp32(tmp_path, overrides):
-    base = h.model()
-    stock = h.run(GRPOTrainer, h.config(tmp_path / "a", optim="sgd", **overrides), base)
-    ours = h.run(FastRLGRPOTrainer, h.config(tmp_path / "b", optim="sgd", **overrides), base)
-    _compare(stock, ours, base, log_tol=FP32_TOL, update_tol=FP32_TOL)
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    """The tiny model on disk: with beta != 0 TRL loads the reference model from the policy's path."""
+    path = tmp_path_factory.mktemp("model")
+    h.model().save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("steps_per_generation", POLICIES)
+@pytest.mark.parametrize("overrides", LOSS_TYPES)
+def test_matches_grpo_trainer_fp32(tmp_path, saved_model, overrides, steps_per_generation):
+    """Every logged metric, KL term included (beta=0.1, TRL's default use_bias_correction_kl=True, which logs the
+    ratio-weighted k3). The learning rate moves the policy far enough from the reference and from the sampling
+    policy that the ratio-weighted and the plain k3 differ in the third digit."""
+    fields = dict(optim="sgd", beta=0.1, learning_rate=0.5, steps_per_generation=steps_per_generation, **overrides)
+    stock = h.run(GRPOTrainer, h.config(tmp_path / "a", **fields), saved_model)
+    ours = h.run(FastRLGRPOTrainer, h.config(tmp_path / "b", **fields), saved_model)
+    assert all("kl" in entry for entry in stock[0][:-1])
+    _compare(stock, ours, h.load(saved_model), log_tol=FP32_TOL, update_tol=FP32_TOL)
 
 
 def test_use_fastrl_on_a_built_trainer_dr_grpo(tmp_path):
     base = h.model()
     stock = h.run(GRPOTrainer, h.config(tmp_path / "a", optim="sgd", loss_type="dr_grpo"), base)
     ours = h.run(GRPOTrainer, h.config(tmp_path / "b", optim="sgd", loss_type="dr_grpo"), base, wrap=use_fastrl)
-    _compare(stock, ours, base, log_tol=FP32_TOL, update_tol=FP32_TOL)
-
-
-def test_matches_grpo_trainer_with_reference_model(tmp_path):
-    # TRL builds the reference model from the policy's path, so this run loads the tiny model from disk.
-    base = h.model()
-    base.save_pretrained(tmp_path / "model")
-    overrides = dict(optim="sgd", loss_type="grpo", beta=0.1)  # TRL's default use_bias_correction_kl=True
-    stock = h.run(GRPOTrainer, h.config(tmp_path / "a", **overrides), str(tmp_path / "model"))
-    ours = h.run(FastRLGRPOTrainer, h.config(tmp_path / "b", **overrides), str(tmp_path / "model"))
-    assert "kl" in stock[0][0]
     _compare(stock, ours, base, log_tol=FP32_TOL, update_tol=FP32_TOL)
 
 

@@ -35,6 +35,12 @@ def model(seed=0, vocab=64, hidden=32, tie=False):
     return Qwen2ForCausalLM(config).float()
 
 
+def load(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path).float()
+
+
 def reward(completions, **kwargs):
     """Deterministic: the fraction of even-numbered words, minus 0.01 per word."""
     out = []
@@ -58,17 +64,23 @@ def config(tmp_path, **overrides):
     return GRPOConfig(**fields)
 
 
-def run(trainer_cls, args, base_model, *, wrap=None):
+def run(trainer_cls, args, base_model, *, wrap=None, params=None, **trainer_kwargs):
     """Train a copy of `base_model` (a model, or the path of a saved one) with `trainer_cls`, after `wrap`
-    (a function of the built trainer) when given; return (log_history, {param name: tensor})."""
+    (a function of the built trainer) when given; return (log_history, {param name: tensor}), the parameters
+    read by `params(trainer)` when given."""
     from datasets import Dataset
 
     data = Dataset.from_dict({"prompt": PROMPTS})
     net = base_model if isinstance(base_model, str) else copy.deepcopy(base_model)
-    trainer = trainer_cls(model=net, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer())
+    trainer = trainer_cls(
+        model=net, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer(), **trainer_kwargs
+    )
     if wrap is not None:
         trainer = wrap(trainer)
     trainer.train()
-    params = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    if params is not None:
+        params = params(trainer)
+    else:
+        params = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     logs = [{k: v for k, v in entry.items() if k not in TIMING_KEYS} for entry in trainer.state.log_history]
     return logs, params

@@ -20,6 +20,8 @@ import torch
 from fastrl.kernels import token_logprobs
 from fastrl.losses import lm_body_and_head
 
+from .gather import full_head, gathered, zero3_params, zero3_partitioned, zero3_scored
+
 __all__ = ["add_fastrl_lm_head"]
 
 IGNORE_INDEX = -100
@@ -36,18 +38,27 @@ def _compute_dtype(hidden: torch.Tensor, cast_lm_head_to_fp32: bool) -> torch.dt
 def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_fp32: bool = False, impl="auto",
                   sampler: dict | None = None):  # fmt: skip
     """(logp, entropy) `[B, T]` float32 of `labels` under `model`'s head on `hidden` `[B, T, D]`; -100 rows give 0.
-    `sampler`: top_k / top_p / min_p keywords of `token_logprobs` (the sampler's truncation, docs/math.md §8)."""
-    _, weight, bias = lm_body_and_head(model)
-    hidden = hidden.to(weight.device)
-    labels = labels.to(weight.device)
+    `sampler`: top_k / top_p / min_p keywords of `token_logprobs` (the sampler's truncation, docs/math.md §8).
+
+    The head is read in full under FSDP2 and DeepSpeed ZeRO-3 (`gather`: once per call, and once more in the
+    backward under ZeRO-3)."""
+    head = model.get_output_embeddings()
+    sharded = zero3_params(head.weight, getattr(head, "bias", None))
+    labels = labels.to(head.weight.device)
     dtype = _compute_dtype(hidden, cast_lm_head_to_fp32)
-    # The casts are differentiable: the gradient reaches the float32 master weights as through TRL's kernel.
-    hidden, weight = hidden.to(dtype), weight.to(dtype)
-    bias = None if bias is None else bias.to(dtype)
-    return token_logprobs(
-        hidden, weight, labels, bias=bias, temperature=temperature, ignore_index=IGNORE_INDEX,
-        return_entropy=True, impl=impl, **(sampler or {}),
-    )  # fmt: skip
+
+    def score(hidden):
+        _, weight, bias = lm_body_and_head(model)
+        weight, bias = full_head(weight, bias)
+        # The casts are differentiable: the gradient reaches the float32 master weights as through TRL's kernel.
+        hidden, weight = hidden.to(weight.device, dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+        return token_logprobs(
+            hidden, weight, labels, bias=bias, temperature=temperature, ignore_index=IGNORE_INDEX,
+            return_entropy=True, impl=impl, **(sampler or {}),
+        )  # fmt: skip
+
+    return zero3_scored(score, hidden, sharded)
 
 
 def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False, impl: str = "auto",
@@ -68,7 +79,10 @@ def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bo
     """
     from trl.trainer.utils import FusedCausalLMOutput
 
-    lm_body_and_head(model)  # refuse an unsupported head now, not at the first training step
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    partitioned = [] if head is None else zero3_partitioned(head.weight, getattr(head, "bias", None))
+    with gathered(partitioned):
+        lm_body_and_head(model)  # refuse an unsupported head now, not at the first training step
     previous = model.forward
 
     @functools.wraps(type(model).forward)

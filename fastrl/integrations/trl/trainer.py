@@ -140,15 +140,18 @@ def _log_metrics(trainer, inputs, logp, entropies, mask, out, normalizer, mode):
         metrics["policy_loss"].append(gather(policy).nanmean().item())
         if mode == "train" and trainer.accelerator.sync_gradients:
             metrics["entropy_coef"].append(trainer.entropy_coef)
-    if config.beta != 0:
-        tokens = out.metrics["num_tokens"]
-        metrics["kl"].append(global_mean(out.metrics["kl_mean"] * tokens, tokens))
-    metrics["entropy"].append(masked_mean(entropies))
     old = inputs.get("old_per_token_logps")
     log_ratio = logp - (logp if old is None else old)
     if config.ratio_level == "sequence":
         log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
     ratio = torch.exp(log_ratio)
+    if config.beta != 0:
+        # TRL's `kl` is the k3 term its loss adds: times the ratio under use_bias_correction_kl (off-policy
+        # micro-batches then differ from the plain k3 that policy_loss reports as kl_mean)
+        delta = inputs["ref_per_token_logps"] - logp
+        kl = torch.exp(delta) - delta - 1
+        metrics["kl"].append(masked_mean(kl * ratio if config.kl_bias_correction else kl))
+    metrics["entropy"].append(masked_mean(entropies))
     advantages = inputs["advantages"]
     advantages = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
     if trainer.loss_type == "cispo":

@@ -1,0 +1,187 @@
+"""`FastRLGRPOTrainer` against TRL's real `GRPOTrainer` on 2 CPU processes (accelerate's MULTI_CPU, gloo).
+
+Each case launches `trl_dist_worker.py` under `torch.distributed.run`; both trainers train 3 optimizer steps
+(gradient accumulation 2) from one seed, each rank on its own prompts, so the ranks score different numbers of
+completion tokens. After training, each trainer's parameters are identical on both ranks, fastrl's equal stock's
+(fp32, within 1e-5 of the update), every logged metric equals stock's, and so does every log-prob tensor the
+trainer computed (the old / reference passes and the training forwards).
+"""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+WORKER = HERE / "trl_dist_worker.py"
+FP32_TOL = 1e-5
+TIMEOUT_S = 900
+
+
+def launch(tmp_path, spec: dict) -> dict:
+    """Run the worker on 2 ranks; return {trainer: [rank 0 result, rank 1 result]}."""
+    spec = {"trainers": ["stock", "fastrl"], **spec, "out": str(tmp_path)}
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    root = str(HERE.parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
+    proc = subprocess.run(
+        [*cmd, str(spec_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    return {kind: [torch.load(tmp_path / f"{kind}-rank{r}.pt") for r in (0, 1)] for kind in spec["trainers"]}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
+
+
+def compare(results, base_params) -> dict:
+    """Assert the equalities of the module docstring; return the max relative differences, for the record."""
+    for kind, ranks in results.items():
+        for name, p in ranks[0]["params"].items():
+            assert torch.equal(p, ranks[1]["params"][name]), (kind, name, "ranks differ")
+    stock, ours = results["stock"], results["fastrl"]
+    assert stock[0]["tokens"] != stock[1]["tokens"], "the ranks scored equal token counts: the case is too easy"
+    logs_a, logs_b = stock[0]["logs"], ours[0]["logs"]
+    assert len(logs_a) == len(logs_b) == 4
+    for step, (a, b) in enumerate(zip(logs_a, logs_b)):
+        assert a.keys() == b.keys(), (step, a.keys() ^ b.keys())
+        for key, value in a.items():
+            if isinstance(value, float):
+                assert math.isclose(value, b[key], rel_tol=FP32_TOL, abs_tol=1e-7), (step, key, value, b[key])
+            else:
+                assert value == b[key], (step, key, value, b[key])
+    out = {"loss": max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(logs_a[:-1], logs_b[:-1]))}
+    logp = 0.0
+    for rank in (0, 1):
+        a, b = stock[rank], ours[rank]
+        assert a["tokens"] == b["tokens"] and len(a["logps"]) == len(b["logps"])
+        for x, y in zip(a["logps"], b["logps"]):
+            torch.testing.assert_close(y, x, rtol=FP32_TOL, atol=FP32_TOL)
+            logp = max(logp, rel(y, x))
+    params_a, params_b = stock[0]["params"], ours[0]["params"]
+    update = max((params_a[n] - base_params[n]).abs().max().item() for n in params_a)
+    assert update > 1e-3, "the run did not train"
+    diff = max((params_a[n] - params_b[n]).abs().max().item() for n in params_a)
+    assert diff <= FP32_TOL * update, (diff, update)
+    out.update(logp=logp, params=diff / update, gathers=[r["gathers_per_call"] for r in ours])
+    print(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    import trl_harness as h
+
+    path = tmp_path_factory.mktemp("model")
+    h.model().save_pretrained(path)
+    return str(path)
+
+
+def _base(spec):
+    import trl_harness as h
+
+    return {n: p.detach() for n, p in h.model(tie=spec.get("tie", False)).named_parameters()}
+
+
+DDP_CASES = [
+    pytest.param(dict(loss_type="dapo", beta=0.1, steps_per_generation=4), id="dapo-kl-off-policy"),
+    pytest.param(dict(loss_type="grpo", entropy_coef=0.01, steps_per_generation=2), id="grpo-entropy-on-policy"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", DDP_CASES)
+def test_ddp_two_ranks_match_stock(tmp_path, saved_model, overrides):
+    spec = {"engine": "ddp", "model_path": saved_model, "overrides": {"learning_rate": 0.5, **overrides}}
+    compare(launch(tmp_path, spec), _base(spec))
+
+
+FSDP2_CASES = [
+    pytest.param(dict(tie=False), id="untied-head-with-final-norm"),
+    pytest.param(dict(tie=True), id="tied-head"),
+    pytest.param(dict(tie=False, head_unit=True), id="untied-head-own-unit"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", FSDP2_CASES)
+def test_fsdp2_two_ranks_match_stock(tmp_path, layout):
+    """accelerate's FSDP2 layout on CPU (see trl_dist_worker.allow_fsdp_on_cpu). With the head in the final norm's
+    unit FSDP has unsharded it when the fused forward reads it; as its own unit the head is a sharded DTensor and
+    both TRL and fastrl all-gather it exactly once per scoring call."""
+    overrides = {"learning_rate": 0.5, "loss_type": "dapo", "steps_per_generation": 4}
+    spec = {"engine": "fsdp2", **layout, "overrides": overrides}
+    results = launch(tmp_path, spec)
+    compare(results, _base(spec))
+    for kind, ranks in results.items():
+        for r in ranks:
+            # scoring inside the training step reads the sharded head; generation (TRL unwraps the model to the full
+            # parameters for it) and the first generation, before prepare(), read a full Parameter
+            calls = list(zip(r["head"], r["gathers_per_call"]))
+            assert any(name == "DTensor" for (name, _), _ in calls), calls
+            for (name, numel), (gathers, forwards) in calls:
+                # Read sharded (a DTensor outside the forward): a head in its own unit stays sharded inside the
+                # forward too and is gathered once per forward (TRL scores in chunks of rows). accelerate's default
+                # unit of final norm and head (with the embedding when tied) is unsharded by FSDP before the fused
+                # head reads it: no gather. A full Parameter (generation, before prepare()) needs none.
+                sharded_inside = name == "DTensor" and layout.get("head_unit")
+                assert numel == 32 * 64 // (2 if name == "DTensor" else 1), (kind, calls)
+                assert gathers == (forwards if sharded_inside else 0), (kind, calls)
+
+
+@pytest.mark.slow
+def test_zero3_two_ranks_match_stock(tmp_path):
+    """DeepSpeed ZeRO-3 on the CPU accelerator (DS_ACCELERATOR=cpu, gloo), every parameter partitioned. Outside the
+    forward the head's local tensor is empty (numel 0); both ranks make the same gather calls, call by call."""
+    spec = {"engine": "zero3", "overrides": {"learning_rate": 0.5, "loss_type": "dapo", "steps_per_generation": 4}}
+    results = launch(tmp_path, spec)
+    compare(results, _base(spec))
+    for kind, ranks in results.items():
+        assert all(name == "Parameter" and numel == 0 for name, numel in ranks[0]["head"] + ranks[1]["head"]), kind
+        assert ranks[0]["gathers_per_call"] == ranks[1]["gathers_per_call"], kind
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [pytest.param([48, 0], id="48-vs-0-tokens"), pytest.param([48, 3], id="48-vs-3")])
+def test_zero3_head_gathers_the_same_on_every_rank(tmp_path, tokens):
+    """The ZeRO-3 head on its own, through the engine's forward (the first call: no prefetch, the head is
+    partitioned, numel 0, when fastrl reads it): logp, entropy and DeepSpeed's averaged d_weight equal the
+    unsharded model's; very unequal token counts (0 included) finish, with the same gathers on both ranks."""
+    import trl_dist_worker as worker
+    import trl_harness as h
+
+    from fastrl.integrations.trl import add_fastrl_lm_head
+
+    spec = {"engine": "zero3-head", "tokens": tokens}
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
+    root = str(HERE.parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
+    proc = subprocess.run([*cmd, str(spec_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    ranks = [torch.load(tmp_path / f"zero3-head-rank{r}.pt") for r in (0, 1)]
+    assert [r["outside_numel"] for r in ranks] == [0, 0]
+    assert ranks[0]["gathers"] == ranks[1]["gathers"], [r["gathers"] for r in ranks]
+    model = add_fastrl_lm_head(h.model(), temperature=0.7)
+    d_weight = torch.zeros_like(model.lm_head.weight)
+    for rank, r in enumerate(ranks):
+        ids, labels = worker.zero3_batch(rank, tokens[rank])
+        out = model(input_ids=ids, labels=labels, fused_lm_head=True)
+        (out.log_probs.sum() + 0.1 * out.entropy.sum()).backward()
+        torch.testing.assert_close(r["logp"], out.log_probs.detach(), rtol=FP32_TOL, atol=FP32_TOL)
+        torch.testing.assert_close(r["entropy"], out.entropy.detach(), rtol=FP32_TOL, atol=FP32_TOL)
+        d_weight += model.lm_head.weight.grad / 2  # DeepSpeed averages the ranks' gradients
+        model.zero_grad()
+    for r in ranks:
+        torch.testing.assert_close(r["d_weight"], d_weight, rtol=FP32_TOL, atol=FP32_TOL)
