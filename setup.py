@@ -18,7 +18,8 @@ setup(
     ],
     extras_require={
         "triton": ["triton>=3.3"],
-        "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib", "trl>=1.16,<1.17"],
+        "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib", "trl>=1.16,<1.17",
+                 "omegaconf>=2.3"],
         "bench": [
             "pytest-benchmark>=4",
             "matplotlib",
