@@ -119,3 +119,29 @@ def verdict_table(results: list[Result]) -> str:
         cells = [r["op"], r["shape"], r["candidate"], r["vs"], r["quantity"], ratio, r["target"], r["verdict"]]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    """`python -m bench.verdict RUN.json [RUN.json ...]`: the targets, floor checks and verdict of saved runs
+    (e.g. the two ops of --acceptance run as two processes), with each run's command and load."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m bench.verdict", description=main.__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+")
+    args = p.parse_args(argv)
+    results = []
+    for path in args.runs:
+        with open(path) as f:
+            data = json.load(f)
+        env = data["environment"]
+        print(f"- `{env['command']}` at {env['timestamp_utc']}, git {env['git_sha']}, wall {env.get('wall_s')} s, "
+              f"load {env['load_average_start']} → {env.get('load_average_end')}")  # fmt: skip
+        results += [Result(**r) for r in data["results"]]
+    print(verdict_table(results))
+    rows, errors = target_rows(results), floor_rows(results)
+    return 0 if verdict_line(rows, errors).startswith("**verdict: PASS") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
