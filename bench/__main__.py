@@ -18,21 +18,11 @@ import time
 
 import torch
 
+from bench import floors as floor_tiles
 from bench import report
 from bench.harness import Result, Settings, ShapeCache, environment, load_average, run_group
 
 OPS = ("token_logprobs", "grpo_loss")
-# (op, candidate, reference, quantity, bound) checked in the --acceptance run
-ACCEPTANCE_TARGETS = [
-    ("grpo_loss", "fastrl-torch", "eager", "time", 0.85),
-    ("grpo_loss", "fastrl-torch", "trl", "time", 0.60),
-    ("grpo_loss", "fastrl-torch", "blas-floor", "time", 1.25),
-    ("grpo_loss", "fastrl-torch", "eager", "memory", 0.10),
-    ("token_logprobs", "fastrl-torch", "eager", "time", 1.05),
-    ("token_logprobs", "fastrl-torch", "eager", "memory", 0.10),
-]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -151,13 +141,13 @@ def render(env: dict, results: list[Result], args) -> str:
         if any(r.op == op and r.mode == mode and r.extra_mib is not None for r in results):
             body.append(report.memory_scaling_table(results, op, mode, scaling))
     if args.acceptance:
-        targets = {}  # op → (memory ≥ this many × below eager, time ≤ this × eager): ACCEPTANCE_TARGETS's bounds
-        for op, candidate, reference, quantity, bound in ACCEPTANCE_TARGETS:
-            if candidate == "fastrl-torch" and reference == "eager":
-                mem_x, time_x = targets.get(op, (None, None))
-                targets[op] = (1 / bound, time_x) if quantity == "memory" else (mem_x, bound)
-        body.append(report.acceptance_table(results, "eager", "fastrl-torch", targets))
-        body.append(report.targets_table(results, ACCEPTANCE_TARGETS))
+        from bench.verdict import verdict_table
+
+        body.insert(0, verdict_table(results))
+        if floor_tiles.CHOSEN:
+            lines.append("- floor tilings (rows per tile, best of " + ", ".join(map(str, floor_tiles.TILE_ROWS))
+                         + " and the whole batch): " + ", ".join(f"N={k[0]} D={k[1]} V={k[2]} {k[3]}: {v}"
+                                                                 for k, v in floor_tiles.CHOSEN.items()))  # fmt: skip
     return "\n".join(lines) + "\n" + "\n".join(body) + "\n"
 
 

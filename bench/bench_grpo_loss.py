@@ -4,14 +4,15 @@ The eager baseline is what RL trainers do today: full `[B·T, V]` logits through
 reference (`fastrl.kernels.token_logprobs_reference`), then the same per-token policy loss
 (`fastrl.policy_loss`, torch path). Settings are TRL-like: `loss_agg="token-mean"` (TRL's "bnpo"),
 β = 0.04 with reference log-probs, off-policy old log-probs near the current ones so some tokens clip;
-completion lengths uniform in [T/2, T], so about 3/4 of the positions are live. FLOPs: 8·B·T·D·V for
-fwd+bwd (forward + recomputing backward); fastrl's gradient-in-forward path does 6·(live tokens)·D·V,
-which `blas-floor` (three GEMMs over all B·T positions) bounds from the other side.
+completion lengths uniform in [T/2, T], so about 3/4 of the positions are live. Every peer scores the live
+positions only (bench/providers_grpo.py). FLOPs: 8·N·D·V for fwd+bwd (forward + recomputing backward);
+fastrl's gradient-in-forward path does 6·(live tokens)·D·V, which `blas-floor` (three GEMMs over the live
+positions) bounds from below.
 """
 
 import torch
 
-from bench.providers import GRPO_LOSS_PROVIDERS
+from bench.providers_grpo import GRPO_LOSS_PROVIDERS
 from fastrl import LossConfig
 from fastrl.kernels import LogprobParams, token_logprobs_reference
 
@@ -23,7 +24,10 @@ CPU_QUICK = [dict(B=2, T=t, D=128, V=32768) for t in (256, 512)]
 CPU_FULL = [dict(B=8, T=t, D=512, V=32768) for t in (128, 256, 512)]
 # the headline CPU point (--acceptance): fp32 fwd+bwd; target extra memory ≥ 10× below eager's
 ACCEPTANCE = dict(B=8, T=1024, D=512, V=32768)
-ACCEPTANCE_PROVIDERS = ["eager", "compile", "fastrl-torch", "fastrl-recompute", "trl", "liger", "cce", "blas-floor"]
+ACCEPTANCE_PROVIDERS = [
+    "eager", "compile", "fastrl-torch", "fastrl-recompute", "trl", "trl-all-rows", "liger", "cce", "torch-lce",
+    "blas-floor",
+]  # fmt: skip
 GPU_SWEEP = [
     dict(B=8, T=1024, D=4096, V=151936),
     dict(B=16, T=1024, D=4096, V=151936),

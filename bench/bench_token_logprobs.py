@@ -21,7 +21,9 @@ CPU_QUICK = [dict(N=n, D=128, V=32768) for n in (256, 512, 1024, 2048)]
 CPU_FULL = [dict(N=n, D=512, V=32768) for n in (1024, 2048, 4096)]
 # the headline CPU point (--acceptance): impl="torch", fp32 fwd+bwd; its targets are bench/__main__.py's
 ACCEPTANCE = dict(N=8192, D=512, V=32768)
-ACCEPTANCE_PROVIDERS = ["eager", "compile", "fastrl-torch", "trl", "cce", "blas-floor", "recompute-floor"]
+ACCEPTANCE_PROVIDERS = [
+    "eager", "compile", "fastrl-torch", "trl", "trl-all-rows", "cce", "torch-lce", "blas-floor", "recompute-floor",
+]  # fmt: skip
 # GPU, bf16, most important first (the run stops at its time budget): the speed-target shape
 # D=4096 / V≈152k over N, then model-like (D, V) pairs: Qwen2.5-0.5B, Llama-3.2-1B, Mistral-7B.
 GPU_SWEEP = [dict(N=n, D=4096, V=151936) for n in (4096, 16384, 32768, 1024)] + [

@@ -14,7 +14,6 @@ outputs against the eager reference in the same run. The harness then, per confi
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+from bench.runenv import environment, load_average  # noqa: F401  (the run's environment, re-exported)
 
 MODES = ("fwd", "bwd", "fwd+bwd")
 # Relative L2 error allowed against the eager reference, per input dtype. fp32 paths differ from eager
@@ -196,70 +197,6 @@ def matmul_tflops(n: int, d: int, v: int, device: torch.device, dtype=torch.bflo
     return 2 * n * d * v / (statistics.median(samples) / 1e3) / 1e12
 
 
-def git_sha() -> str:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "fastrl", "bench"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    if sha.returncode != 0:
-        return "unknown (not a git checkout)"
-    return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model} ({os.cpu_count()} cores, torch threads {torch.get_num_threads()})"
-
-
-def load_average() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "n/a"
-
-
-def environment(device: torch.device) -> dict:
-    """What a reader needs to reproduce or discount the numbers."""
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {
-        "device": device_name(device),
-        "device_type": device.type,
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "git_sha": git_sha(),
-        "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join(["python -m bench"] + sys.argv[1:]),
-        "load_average_start": load_average(),
-        "fastrl_env": {k: v for k, v in os.environ.items() if k.startswith("FASTRL_")},
-    }
-
-
 @dataclass(frozen=True)
 class Settings:
     warmup: int = 1  # untimed calls after the correctness run (which is itself a full call)
@@ -319,7 +256,12 @@ def _check(op, provider, shape, dtype_name, mode, device, settings, cache):
         return _failure(res, exc, "eager reference failed: "), None
     if provider.floor:
         res.status = "floor"
-        return res, op.closure(provider, inputs, mode, upstream="time")
+        fn = op.closure(provider, inputs, mode, upstream="time")
+        try:
+            fn()  # untimed: a floor picks its best tiling on its first call at a shape
+        except Exception as exc:
+            return _failure(res, exc), None
+        return res, fn
     try:
         outputs = op.closure(provider, inputs, mode, upstream="check")()
         res.errors = {k: relative_error(outputs[k], reference[k]) for k in outputs}

@@ -6,7 +6,8 @@ The cases (``tests/rewards/data/math_verify_cases.json``, Apache-2.0, each namin
 Math-Verify's expected verdicts. Both verifiers see each case the way a user would call them, in one run:
 fastrl through ``accuracy_reward`` (a prose completion) or ``math_equal`` (a bare answer), Math-Verify through
 ``parse`` + ``verify`` with the extraction settings its test helper used for that case. Prints agreement with
-the expected verdict per source file, and the false positives (expected False, judged True) of each.
+the expected verdict per source file, the false positives (expected False, judged True) of each, and the
+cases where a verifier raised instead of answering ("crashed": counted apart, neither agreement nor False).
 """
 
 from __future__ import annotations
@@ -78,20 +79,22 @@ def math_verify_verdict(case: dict) -> bool:
     return bool(verify(gold, pred, **options))
 
 
-def table(cases: list[dict], columns: dict[str, list[bool]]) -> str:
+def table(cases: list[dict], columns: dict[str, list[bool | None]]) -> str:
+    """Agreement, false positives and crashes (None verdicts) per source file and in all."""
     groups: dict[str, list[int]] = defaultdict(list)
     for i, c in enumerate(cases):
         groups[c["source"].split("@")[0]].append(i)
     names = list(columns)
-    lines = ["| source | cases | " + " | ".join(f"{n} agree | {n} FP" for n in names) + " |"]
-    lines.append("|---" * (2 + 2 * len(names)) + "|")
+    lines = ["| source | cases | " + " | ".join(f"{n} agree | {n} FP | {n} crashed" for n in names) + " |"]
+    lines.append("|---" * (2 + 3 * len(names)) + "|")
     for source, idx in sorted(groups.items(), key=lambda kv: -len(kv[1])) + [("all", list(range(len(cases))))]:
         row = [source, str(len(idx))]
         for n in names:
             v = columns[n]
-            agree = sum(v[i] == cases[i]["expected"] for i in idx)
-            fp = sum(v[i] and not cases[i]["expected"] for i in idx)
-            row += [f"{agree} ({100 * agree / len(idx):.0f}%)", str(fp)]
+            agree = sum(v[i] is not None and v[i] == cases[i]["expected"] for i in idx)
+            fp = sum(v[i] is True and not cases[i]["expected"] for i in idx)
+            crashed = sum(v[i] is None for i in idx)
+            row += [f"{agree} ({100 * agree / len(idx):.0f}%)", str(fp), str(crashed)]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -106,23 +109,27 @@ def main() -> None:
     cases = load_cases()
     ours = fastrl_verdicts(cases)
     rl_mode = fastrl_verdicts(cases, lenient=False)
-    theirs = []
-    for c in cases:
+    theirs: list[bool | None] = []
+    crashes: dict[int, str] = {}
+    for i, c in enumerate(cases):
         try:
             theirs.append(math_verify_verdict(c))
-        except Exception:  # a crash in the peer counts as "not verified"
-            theirs.append(False)
+        except Exception as exc:  # a crash is no verdict: counted apart, never as False
+            theirs.append(None)
+            crashes[i] = f"{type(exc).__name__}: {exc}"[:200]
     print(f"python {platform.python_version()}, math-verify {version('math-verify')}, load {os.getloadavg()[0]:.1f}")
     print(table(cases, {"fastrl (lenient)": ours, "fastrl (rewards)": rl_mode, "math-verify": theirs}))
     if args.show_disagreements:
         for i, c in enumerate(cases):
             if ours[i] != c["expected"]:
                 mark = "FP" if ours[i] else "FN"
-                agrees = theirs[i] == c["expected"]
+                agrees = "crashed" if theirs[i] is None else theirs[i] == c["expected"]
                 print(f"{mark} #{i} {c['source']} mv={agrees} pred={c['pred'][-150:]!r} gold={c['gold'][-100:]!r}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump([{"index": i, "fastrl": o, "math_verify": t} for i, (o, t) in enumerate(zip(ours, theirs))], f)
+            rows = [{"index": i, "fastrl": o, "math_verify": t, "math_verify_error": crashes.get(i)}
+                    for i, (o, t) in enumerate(zip(ours, theirs))]  # fmt: skip
+            json.dump(rows, f)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
   stand-in trainer object that holds the loss's settings and hands it those log-probs.
 - Liger-Kernel: `LigerFusedLinearGRPOLoss` (chunked, hidden states in, loss out).
 - Cut Cross-Entropy: `linear_cross_entropy` (`impl="cce"` on CUDA, `impl="torch_compile"` elsewhere).
+- PyTorch: `torch.nn.functional.linear_cross_entropy` with `options=LinearCrossEntropyOptions()` (its chunked
+  path), `reduction="none"`: log-prob = −loss.
 
 Each function has its op's provider signature; a settings combination a peer cannot express raises
 ValueError (the bench records it as an error, never as a number).
@@ -36,11 +38,17 @@ def trl_token_logprobs(hidden, weight, targets):
     return out[0].masked_fill(~valid, 0)
 
 
-def _trl_logprobs_and_entropy(hidden, weight, targets, mask, temperature):
-    # As TRL's fused LM-head forward on a device without Triton: every position scored, labels clamped
+def _trl_logprobs_and_entropy(hidden, weight, targets, mask, temperature, live_only):
+    # As TRL's fused LM-head forward: on Triton devices the live positions only (`hidden[mask]`, scattered
+    # back), elsewhere every position scored with its label clamped
     from trl.kernels import ChunkedLogProbFunction
 
     b, t, d = hidden.shape
+    if live_only:
+        logp, entropy, *_ = ChunkedLogProbFunction.apply(
+            hidden[mask], weight, None, targets[mask], temperature, _trl_chunk_size(), None, 1.0, ("entropy",)
+        )
+        return (x.new_zeros(mask.shape).masked_scatter(mask, x) for x in (logp, entropy))
     labels = torch.where(mask, targets, -100).clamp(min=0).reshape(-1)
     logp, entropy, *_ = ChunkedLogProbFunction.apply(
         hidden.reshape(-1, d), weight, None, labels, temperature, _trl_chunk_size(), None, 1.0, ("entropy",)
@@ -61,15 +69,16 @@ class _Accelerator:
         return x
 
 
-def trl_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
-    """TRL's own GRPO loss code (`GRPOTrainer._compute_loss`) on TRL's chunked log-probs."""
+def trl_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config, live_only=False):
+    """TRL's own GRPO loss code (`GRPOTrainer._compute_loss`) on TRL's chunked log-probs (of the live
+    positions only with `live_only`, as on a Triton device; of every position otherwise)."""
     from trl import GRPOTrainer
 
     if config.loss_agg not in _LOSS_TYPES or config.kl != "k3" or config.entropy_coef != 0:
         raise ValueError(f"TRL's GRPO loss has no equivalent of {config}")
     if config.dual_clip is not None or config.is_cap is not None or config.ratio_level != "token":
         raise ValueError(f"the bench's TRL stand-in covers the token-level clipped loss only, not {config}")
-    logp, entropy = _trl_logprobs_and_entropy(hidden, weight, targets, mask, config.temperature)
+    logp, entropy = _trl_logprobs_and_entropy(hidden, weight, targets, mask, config.temperature, live_only)
     trainer = SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *args, **kwargs: (logp, entropy, None),
         aux_loss_enabled=False,
@@ -107,9 +116,8 @@ def liger_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config)
 
     if config.loss_agg not in _LOSS_TYPES or config.kl != "k3" or config.entropy_coef != 0:
         raise ValueError(f"Liger has no equivalent of {config}")
-    loss_fn = LigerFusedLinearGRPOLoss(
+    loss_fn = LigerFusedLinearGRPOLoss(  # its defaults otherwise, compiled=True among them
         beta=config.beta,
-        compiled=hidden.is_cuda,
         use_ref_model=ref is not None,
         epsilon_low=config.eps_low,
         epsilon_high=config.eps_high,
@@ -127,3 +135,11 @@ def cce_token_logprobs(hidden, weight, targets):
     impl = "cce" if hidden.is_cuda else "torch_compile"
     # per-token cross-entropy is −logp; ignored rows give 0 either way
     return -linear_cross_entropy(hidden, weight, targets, reduction="none", impl=impl).float()
+
+
+def torch_lce_token_logprobs(hidden, weight, targets):
+    """PyTorch's own fused LM-head cross-entropy, chunked (`LinearCrossEntropyOptions()`: its CPU / GPU picks)."""
+    import torch.nn.functional as F
+
+    options = torch.nn.LinearCrossEntropyOptions()
+    return -F.linear_cross_entropy(hidden, weight, targets, reduction="none", options=options)

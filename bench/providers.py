@@ -1,13 +1,14 @@
-"""Who gets benchmarked: eager PyTorch, torch.compile of it, fastrl's two paths, and third parties.
+"""Who gets benchmarked: eager PyTorch, torch.compile of it, fastrl's paths, and third parties.
 
 A provider is a name, a function with the op's signature, and a test that says why it cannot run on a
-device (None when it can). The peers (TRL, Liger-Kernel, Cut Cross-Entropy; bench/peers.py) run their own
-installed code and are reported n/a, with the reason, when their package is missing (`pip install
-fastrl[bench]` installs them). Baselines come from the package's own eager references
-(`fastrl.kernels.token_logprobs_reference`), never re-implemented here. `blas-floor` is no
-implementation: it times the three GEMMs of the shape (6·N·D·V) and skips the correctness check.
-`recompute-floor` is the same with the forward GEMM done again in the backward (8·N·D·V): the least a
-log-prob op that keeps no `[N, V]` tensor between forward and backward must do.
+device (None when it can). The peers (TRL, Liger-Kernel, Cut Cross-Entropy, PyTorch's own chunked
+`linear_cross_entropy`; bench/peers.py) run their own installed code and are reported n/a, with the reason,
+when their package is missing (`pip install fastrl[bench]` installs them). Every provider does the same
+work: the peers and the floors get the live rows only (`on_live_rows`), fastrl gets every row and leaves
+the ignored ones out itself; `trl-all-rows` is TRL as its trainer calls it on a device without Triton
+(every row scored), a separate, labelled row. Baselines come from the package's own eager references
+(`fastrl.kernels.token_logprobs_reference`), never re-implemented here. The floors (bench/floors.py) are
+no implementations: they time the GEMMs alone and skip the correctness check.
 """
 
 import importlib.util
@@ -18,7 +19,8 @@ from typing import Callable
 import torch
 
 import fastrl
-from bench.peers import cce_token_logprobs, liger_grpo_loss, trl_grpo_loss, trl_token_logprobs
+from bench.floors import blas_floor, recompute_floor
+from bench.peers import cce_token_logprobs, torch_lce_token_logprobs, trl_token_logprobs
 from fastrl.kernels import LogprobParams, token_logprobs_reference
 
 
@@ -29,6 +31,7 @@ class Provider:
     unavailable: Callable[[torch.device], str | None]  # the reason it cannot run there, or None
     compiles: bool = False  # the first call compiles: warm up at the full shape before measuring memory
     floor: bool = False  # a lower bound to time (no correct outputs): not checked against the reference
+    recomputes: bool = False  # keeps no [N, V] tensor and recomputes the logits: recompute-floor bounds it
 
 
 def always(device: torch.device) -> str | None:
@@ -89,132 +92,42 @@ def fastrl_triton_token_logprobs(hidden, weight, targets):
     return fastrl.token_logprobs(hidden, weight, targets, impl="triton")
 
 
-class _GemmFloor(torch.autograd.Function):
-    """The three GEMMs of a fused LM-head op and nothing else: z = h·Wᵀ, then z·W and zᵀ·h."""
+def on_live_rows(fn: Callable) -> Callable:
+    """`fn(hidden[live], weight, targets[live])` scattered back to `[N]` (zeros at ignored rows): the work a
+    careful user gives a log-prob op (TRL does the same on Triton devices), so every provider scores the same
+    rows fastrl scores."""
 
-    @staticmethod
-    def forward(ctx, hidden, weight):
-        h2 = hidden.reshape(-1, hidden.shape[-1])
-        z = h2 @ weight.T
-        ctx.save_for_backward(h2, weight, z)
-        ctx.hidden_shape = hidden.shape
-        return z.new_zeros(h2.shape[0])
+    def run(hidden, weight, targets):
+        rows = torch.nonzero(targets != -100).squeeze(-1)
+        out = fn(hidden.index_select(0, rows), weight, targets.index_select(0, rows))
+        return out.new_zeros(targets.shape[0]).index_copy(0, rows, out)
 
-    @staticmethod
-    def backward(ctx, grad):
-        h2, weight, z = ctx.saved_tensors
-        return (z @ weight).reshape(ctx.hidden_shape), z.T @ h2
-
-
-class _RecomputeFloor(torch.autograd.Function):
-    """Four GEMMs: z = h·Wᵀ in the forward, and in the backward z again, then z·W and zᵀ·h."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight):
-        h2 = hidden.reshape(-1, hidden.shape[-1])
-        z = h2 @ weight.T
-        ctx.save_for_backward(h2, weight)
-        ctx.hidden_shape = hidden.shape
-        return z.new_zeros(h2.shape[0])
-
-    @staticmethod
-    def backward(ctx, grad):
-        h2, weight = ctx.saved_tensors
-        z = h2 @ weight.T
-        return (z @ weight).reshape(ctx.hidden_shape), z.T @ h2
+    return run
 
 
 def floor_token_logprobs(hidden, weight, targets):
-    return _GemmFloor.apply(hidden, weight)
+    return blas_floor(hidden, weight)
 
 
 def recompute_floor_token_logprobs(hidden, weight, targets):
-    return _RecomputeFloor.apply(hidden, weight)
+    return recompute_floor(hidden, weight)
 
 
+_LIVE_EAGER = on_live_rows(eager_token_logprobs)
 TOKEN_LOGPROBS_PROVIDERS = {
-    "eager": Provider("eager", eager_token_logprobs, always),
-    "compile": Provider("compile", compile_failure(eager_token_logprobs), always, compiles=True),
-    "fastrl-torch": Provider("fastrl-torch", fastrl_torch_token_logprobs, always),
+    "eager": Provider("eager", _LIVE_EAGER, always),
+    "compile": Provider("compile", on_live_rows(compile_failure(eager_token_logprobs)), always, compiles=True),
+    "fastrl-torch": Provider("fastrl-torch", fastrl_torch_token_logprobs, always, recomputes=True),
     "fastrl-triton": Provider("fastrl-triton", fastrl_triton_token_logprobs, triton_unavailable, compiles=True),
-    "cce": Provider("cce", cce_token_logprobs, package_unavailable("cut_cross_entropy", cuda_only=False), True),
-    "trl": Provider("trl", trl_token_logprobs, package_unavailable("trl", cuda_only=False)),
-    "blas-floor": Provider("blas-floor", floor_token_logprobs, always, floor=True),
-    "recompute-floor": Provider("recompute-floor", recompute_floor_token_logprobs, always, floor=True),
+    "cce": Provider(
+        "cce", on_live_rows(cce_token_logprobs), package_unavailable("cut_cross_entropy", False), True, recomputes=True
+    ),
+    "torch-lce": Provider("torch-lce", on_live_rows(torch_lce_token_logprobs), always, recomputes=True),
+    "trl": Provider("trl", on_live_rows(trl_token_logprobs), package_unavailable("trl", False), recomputes=True),
+    "trl-all-rows": Provider("trl-all-rows", trl_token_logprobs, package_unavailable("trl", False), recomputes=True),
+    "blas-floor": Provider("blas-floor", on_live_rows(floor_token_logprobs), always, compiles=True, floor=True),
+    "recompute-floor": Provider(
+        "recompute-floor", on_live_rows(recompute_floor_token_logprobs), always, compiles=True, floor=True
+    ),
 }
-
-
-# ---- grpo_loss: fn(hidden [B, T, D], weight, targets [B, T], mask, advantages [B], old, ref, config) -> loss ----
-
-
-def eager_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
-    """What eager RL code does: full logits → log-probs (the package's reference) → the per-token loss."""
-    b, t, d = hidden.shape
-    need_entropy = config.entropy_coef != 0
-    params = LogprobParams(config.temperature, -100, need_entropy)
-    live = torch.where(mask, targets, torch.full_like(targets, -100))
-    logp, entropy = token_logprobs_reference(hidden.reshape(-1, d), weight, live.reshape(-1), None, params)
-    entropy = None if entropy is None else entropy.reshape(b, t)
-    out = fastrl.policy_loss(
-        logp.reshape(b, t),
-        advantages,
-        mask,
-        old_logprobs=old,
-        ref_logprobs=ref,
-        entropy=entropy,
-        config=config,
-        impl="torch",
-    )
-    return out.loss
-
-
-def fastrl_grpo_loss(impl: str) -> Callable:
-    def fn(hidden, weight, targets, mask, advantages, old, ref, config):
-        return fastrl.grpo_loss(
-            hidden, weight, targets, mask, advantages, old_logprobs=old, ref_logprobs=ref, config=config, impl=impl
-        ).loss
-
-    return fn
-
-
-def fastrl_recompute_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
-    """fastrl's two-pass path: token_logprobs (its backward recomputes the tiles), then policy_loss."""
-    need_entropy = config.entropy_coef != 0
-    live = torch.where(mask, targets, torch.full_like(targets, -100))
-    out = fastrl.token_logprobs(
-        hidden, weight, live, temperature=config.temperature, return_entropy=need_entropy, impl="torch"
-    )
-    logp, entropy = out if need_entropy else (out, None)
-    return fastrl.policy_loss(
-        logp, advantages, mask, old_logprobs=old, ref_logprobs=ref, entropy=entropy, config=config, impl="torch"
-    ).loss
-
-
-def cce_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
-    """Cut Cross-Entropy's per-token log-probs, then the per-token loss formula eager uses."""
-    if config.entropy_coef != 0:
-        raise ValueError(f"Cut Cross-Entropy returns no entropy: entropy_coef={config.entropy_coef} cannot run")
-    b, t, d = hidden.shape
-    h = hidden if config.temperature == 1.0 else hidden / config.temperature  # (h/τ)·Wᵀ = z/τ
-    live = torch.where(mask, targets, torch.full_like(targets, -100))
-    logp = cce_token_logprobs(h.reshape(-1, d), weight, live.reshape(-1)).view(b, t)
-    return fastrl.policy_loss(
-        logp, advantages, mask, old_logprobs=old, ref_logprobs=ref, config=config, impl="torch"
-    ).loss
-
-
-def floor_grpo_loss(hidden, weight, targets, mask, advantages, old, ref, config):
-    return _GemmFloor.apply(hidden, weight).sum()
-
-
-GRPO_LOSS_PROVIDERS = {
-    "eager": Provider("eager", eager_grpo_loss, always),
-    "compile": Provider("compile", compile_failure(eager_grpo_loss), always, compiles=True),
-    "fastrl-torch": Provider("fastrl-torch", fastrl_grpo_loss("torch"), always),
-    "fastrl-triton": Provider("fastrl-triton", fastrl_grpo_loss("triton"), triton_unavailable, compiles=True),
-    "fastrl-recompute": Provider("fastrl-recompute", fastrl_recompute_grpo_loss, always),
-    "trl": Provider("trl", trl_grpo_loss, package_unavailable("trl", cuda_only=False)),
-    "liger": Provider("liger", liger_grpo_loss, package_unavailable("liger_kernel", cuda_only=False), True),
-    "cce": Provider("cce", cce_grpo_loss, package_unavailable("cut_cross_entropy", cuda_only=False), True),
-    "blas-floor": Provider("blas-floor", floor_grpo_loss, always, floor=True),
-}
+PEERS = ("eager", "compile", "cce", "torch-lce", "trl", "trl-all-rows", "liger")

@@ -127,65 +127,6 @@ def memory_scaling_table(results: list[Result], op: str, mode: str, providers: l
     return "\n".join(out)
 
 
-def acceptance_table(results: list[Result], baseline: str, candidate: str, targets: dict) -> str:
-    """Targets check, `targets[op] = (mem_x, time_x)`: the candidate's extra memory ≥ mem_x× below
-    the baseline's, its time ≤ time_x× the baseline's (time_x None: the time is shown without a target)."""
-    out = []
-    for r in results:
-        if r.provider != candidate or r.op not in targets:
-            continue
-        mem_x, time_x = targets[r.op]
-        b = _baseline(results, r, baseline)
-        head = f"\n**acceptance — {r.op} {r.mode} {shape_str(r.shape)} {r.dtype}: {candidate} vs {baseline}**\n"
-        out.append(head)
-        if not (r.measured and b and r.extra_mib and b.extra_mib is not None and r.median_ms):
-            out.append(f"not measured: {candidate} {r.status} {r.note}; baseline {b.status if b else 'missing'}")
-            continue
-        mem_ratio = b.extra_mib / r.extra_mib
-        time_ratio = r.median_ms / b.median_ms
-        if time_x is None:
-            time_target, time_verdict = "—", "no target"
-        else:
-            time_target, time_verdict = f"≤ {time_x:g}×", "PASS" if time_ratio <= time_x else "FAIL"
-        out.append("| quantity | " + baseline + " | " + candidate + " | ratio | target | verdict |")
-        out.append("|---|---|---|---|---|---|")
-        out.append(
-            f"| peak extra MiB | {b.extra_mib:.0f} | {r.extra_mib:.0f} | {mem_ratio:.1f}× smaller | "
-            f"≥ {mem_x:g}× | {'PASS' if mem_ratio >= mem_x else 'FAIL'} |"
-        )
-        out.append(
-            f"| median ms [p20, p80] | {b.median_ms:.0f} [{b.p20_ms:.0f}, {b.p80_ms:.0f}] | "
-            f"{r.median_ms:.0f} [{r.p20_ms:.0f}, {r.p80_ms:.0f}] | {time_ratio:.2f}× | {time_target} | {time_verdict} |"
-        )
-    return "\n".join(out)
-
-
-def targets_table(results: list[Result], checks: list[tuple]) -> str:
-    """One row per check `(op, candidate, reference, quantity, bound)`: quantity "time" passes when the
-    candidate's median is ≤ bound × the reference's, "memory" when its extra memory is ≤ bound × the
-    reference's. A check whose rows were not measured says so instead of passing."""
-    out = ["\n**targets**\n", "| op | shape | candidate | vs | quantity | ratio | target | verdict |", "|" + "---|" * 8]
-    for op, candidate, reference, quantity, bound in checks:
-        for r in results:
-            if r.op != op or r.provider != candidate:
-                continue
-            b = _baseline(results, r, reference)
-            cells = [op, shape_str(r.shape), candidate, reference, quantity]
-            if quantity == "time":
-                have = r.measured and b is not None and r.median_ms and b.median_ms
-                ratio = r.median_ms / b.median_ms if have else None
-            else:
-                have = r.measured and b is not None and r.extra_mib is not None and b.extra_mib
-                ratio = r.extra_mib / b.extra_mib if have else None
-            if ratio is None:
-                why = f"{candidate} {r.status}, {reference} {b.status if b else 'missing'}"
-                out.append("| " + " | ".join(cells + ["—", f"≤ {bound:g}×", f"not measured ({why})"]) + " |")
-                continue
-            verdict = "PASS" if ratio <= bound else "FAIL"
-            out.append("| " + " | ".join(cells + [f"{ratio:.3f}×", f"≤ {bound:g}×", verdict]) + " |")
-    return "\n".join(out)
-
-
 def write_json(path: str, env: dict, results: list[Result]) -> None:
     with open(path, "w") as f:
         json.dump({"environment": env, "results": [r.to_json() for r in results]}, f, indent=1)

@@ -107,3 +107,77 @@ def test_cli_quick_writes_json_markdown_and_plots(tmp_path, monkeypatch):
     assert "peak extra memory" in text and "fastrl-torch" in text
     pngs = [f for f in os.listdir(out) if f.endswith(".png")]
     assert any(f.startswith("token_logprobs_fwd_bwd") for f in pngs) and any(f.startswith("grpo_loss") for f in pngs)
+
+
+def _row(op, provider, ms, mib, status="ok", shape=TINY):
+    return Result(op, provider, "fwd+bwd", shape, "fp32", status, median_ms=ms, p20_ms=ms, p80_ms=ms, extra_mib=mib)
+
+
+def _passing_results(fastrl_ms: float, fastrl_loss_ms: float) -> list[Result]:
+    g = dict(B=2, T=8, D=4, V=16)
+    return [
+        _row("token_logprobs", "eager", 100.0, 1000.0, "ref"),
+        _row("token_logprobs", "cce", 95.0, 200.0),  # lean: ≤ 1/4 of eager's memory
+        _row("token_logprobs", "trl", 80.0, 900.0),  # faster but not lean: no target against it
+        _row("token_logprobs", "fastrl-torch", fastrl_ms, 50.0),
+        _row("token_logprobs", "blas-floor", 60.0, None, "floor"),
+        _row("token_logprobs", "recompute-floor", 80.0, None, "floor"),
+        _row("grpo_loss", "eager", 100.0, 1000.0, "ref", g),
+        _row("grpo_loss", "cce", 90.0, 500.0, "ok", g),
+        _row("grpo_loss", "fastrl-torch", fastrl_loss_ms, 20.0, "ok", g),
+        _row("grpo_loss", "blas-floor", 70.0, None, "floor", g),
+    ]
+
+
+def test_verdict_counts_failures_and_a_planted_slowdown_fails_it():
+    from bench.verdict import floor_rows, target_rows, verdict_line
+
+    ok = _passing_results(fastrl_ms=82.0, fastrl_loss_ms=75.0)
+    rows, errors = target_rows(ok), floor_rows(ok)
+    assert all(r["verdict"].startswith("PASS") for r in rows) and not errors, rows
+    assert verdict_line(rows, errors).startswith("**verdict: PASS**")
+    slow = _passing_results(fastrl_ms=82.0 * 1.15, fastrl_loss_ms=75.0 * 1.15)  # 15% slower fold
+    rows = target_rows(slow)
+    line = verdict_line(rows, floor_rows(slow))
+    assert line.startswith("**verdict: FAIL**") and sum(r["verdict"] == "FAIL" for r in rows) >= 3, line
+
+
+def test_a_candidate_beating_a_floor_is_an_error():
+    from bench.verdict import floor_rows, verdict_line
+
+    res = _passing_results(fastrl_ms=55.0, fastrl_loss_ms=65.0)
+    errors = floor_rows(res)
+    beaten = {(e["op"], e["candidate"], e["vs"]) for e in errors}
+    assert beaten == {
+        ("token_logprobs", "fastrl-torch", "blas-floor"),
+        ("token_logprobs", "fastrl-torch", "recompute-floor"),
+        ("grpo_loss", "fastrl-torch", "blas-floor"),
+    }, beaten
+    assert ("token_logprobs", "trl", "recompute-floor") not in beaten  # 80 ms is not below 80 ms
+    assert "3 floor errors" in verdict_line([], errors) and "FAIL" in verdict_line([], errors)
+
+
+def test_floors_time_the_gemms_over_their_rows():
+    from bench.floors import blas_floor, recompute_floor
+
+    h, w = torch.randn(37, 8, requires_grad=True), torch.randn(50, 8, requires_grad=True)
+    for floor in (blas_floor, recompute_floor):
+        out = floor(h, w)
+        dh, dw = torch.autograd.grad(out, (h, w), torch.ones(37))
+        z = h.detach() @ w.detach().T  # the floor's "gradient" is z·W and zᵀ·h: the GEMMs, checked for shape
+        torch.testing.assert_close(dh, z @ w.detach())
+        torch.testing.assert_close(dw, z.T @ h.detach())
+
+
+def test_cli_acceptance_prints_a_verdict(tmp_path, monkeypatch):
+    monkeypatch.setattr(tlp_bench, "ACCEPTANCE", dict(N=96, D=16, V=300))
+    monkeypatch.setattr(grpo_bench, "ACCEPTANCE", dict(B=2, T=24, D=16, V=300))
+    out = tmp_path / "out"
+    argv = ["--device", "cpu", "--acceptance", "--reps", "2", "--no-memory", "--out", str(out),
+            "--providers", "eager,fastrl-torch,torch-lce,blas-floor,recompute-floor"]  # fmt: skip
+    assert cli.main(argv) == 0
+    text = (out / "cpu_acceptance.md").read_text()
+    assert "**verdict: FAIL**" in text  # memory was not measured: those targets cannot pass
+    data = json.loads((out / "cpu_acceptance.json").read_text())
+    lce = [r for r in data["results"] if r["provider"] == "torch-lce"]
+    assert len(lce) == 2 and all(r["status"] == "ok" for r in lce), lce

@@ -1,4 +1,6 @@
 import os
+import pathlib
+import subprocess
 
 # The Triton kernels run on CPU tensors through the interpreter; this must be set before triton loads.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -10,3 +12,19 @@ import torch  # noqa: E402
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def verl_python() -> str:
+    """verl's python: `FASTRL_VERL_PYTHON`, else the venv `.ci/verl.sh` builds (reused once built). verl is a peer
+    the test run installs, so a missing environment fails; it never skips."""
+    py = os.environ.get("FASTRL_VERL_PYTHON")
+    if not py:
+        script = pathlib.Path(__file__).resolve().parents[1] / ".ci" / "verl.sh"
+        proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            pytest.fail(f"{script} failed to build verl's environment: {proc.stderr[-2000:]}")
+        py = proc.stdout.strip().splitlines()[-1]
+    if not pathlib.Path(py).exists():
+        pytest.fail(f"FASTRL_VERL_PYTHON={py!r} does not exist: run .ci/verl.sh")
+    return py

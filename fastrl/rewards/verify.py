@@ -175,6 +175,8 @@ def expressions_equal(e1: sympy.Basic, e2: sympy.Basic) -> bool:
         return e1.shape == e2.shape and all(expressions_equal(x, y) for x, y in zip(e1, e2))
     if not (isinstance(e1, sympy.Expr) and isinstance(e2, sympy.Expr)):
         return e1 == e2 or _symbolic_zero(e1, e2)
+    if {s.name for s in e1.free_symbols | e2.free_symbols} == {"i"}:  # i alone is the imaginary unit
+        e1, e2 = (e.subs({s: sympy.I for s in e.free_symbols}) for e in (e1, e2))
     if e1.has(sympy.zoo, sympy.nan) or e2.has(sympy.zoo, sympy.nan):
         return False  # undefined (1/0, 0/0) is no answer: two undefined values are not equal
     if e1 == e2:

@@ -10,9 +10,6 @@ biases: softmax ignores a constant shift) into full-size steps, so an Adam run w
 import math
 
 import pytest
-
-pytest.importorskip("trl")
-
 import torch  # noqa: E402
 import trl_harness as h  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402

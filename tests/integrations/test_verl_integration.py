@@ -17,33 +17,28 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 HERE = ROOT / "tests/integrations"
 
 
-def _run_in_verl(script, *args, timeout=900):
-    py = os.environ.get("FASTRL_VERL_PYTHON")
-    if not py or not os.path.exists(py):
-        if os.environ.get("CI"):  # in CI the peer must be there: fail, never skip
-            pytest.fail(f"FASTRL_VERL_PYTHON={py!r} is not verl's python: run .ci/verl.sh")
-        pytest.skip("verl's environment is not built (FASTRL_VERL_PYTHON): run .ci/verl.sh")
+def _run_in_verl(py, script, *args, timeout=900):
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([py, str(HERE / script), *args], env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     return proc.stdout
 
 
-def test_verl_checks_pass():
-    assert _run_in_verl("verl_checks.py").count("ok ") == 24
+def test_verl_checks_pass(verl_python):
+    assert _run_in_verl(verl_python, "verl_checks.py").count("ok ") == 24
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(960)
-def test_verl_fsdp2_engine_with_fastrl_backend_equals_its_logits_path(tmp_path):
-    out = _run_in_verl("verl_engine_checks.py", str(tmp_path))
+def test_verl_fsdp2_engine_with_fastrl_backend_equals_its_logits_path(verl_python, tmp_path):
+    out = _run_in_verl(verl_python, "verl_engine_checks.py", str(tmp_path))
     print(out)
     assert out.count("ok ") == 4, out  # tied and untied head, on each of the 2 ranks
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(960)
-def test_verl_ulysses_with_fastrl_backend_equals_its_logits_path(tmp_path):
-    out = _run_in_verl("verl_ulysses_checks.py", str(tmp_path))
+def test_verl_ulysses_with_fastrl_backend_equals_its_logits_path(verl_python, tmp_path):
+    out = _run_in_verl(verl_python, "verl_ulysses_checks.py", str(tmp_path))
     print(out)
     assert out.count("ok ") == 2, out

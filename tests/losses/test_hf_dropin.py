@@ -1,11 +1,9 @@
 """The README drop-in on a tiny Hugging Face Llama with tied embeddings: same loss and gradients as eager."""
 
-import pytest
 import torch
+import transformers
 
 from fastrl import GRPOLoss, policy_loss
-
-transformers = pytest.importorskip("transformers")
 
 
 def _tiny_llama():

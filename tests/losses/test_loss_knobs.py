@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from test_policy_loss import full_config, make_batch
@@ -46,7 +47,6 @@ def test_each_knob_reaches_the_kernel_params(name):
 
 
 def test_numbers_become_floats():
-    np = pytest.importorskip("numpy")
     params = _kernel_params(LossConfig(ratio_level="sequence", eps_low=np.float32(0.25), beta=1, kl_clip=2))
     assert params.ratio_level == "sequence" and _kernel_params(LossConfig()).ratio_level == "token"
     assert type(params.eps_low) is float and type(params.beta) is float and type(params.kl_clip) is float

@@ -3,6 +3,7 @@
 
 import types
 
+import omegaconf
 import pytest
 import torch
 
@@ -23,7 +24,6 @@ VERL_ACTOR = {
 
 
 def test_from_verl_takes_a_dict_or_an_omegaconf_node():
-    omegaconf = pytest.importorskip("omegaconf")
     node = omegaconf.OmegaConf.create(VERL_ACTOR)
     a, b = LossConfig.from_verl(VERL_ACTOR), LossConfig.from_verl(node)
     assert a == b

@@ -3,6 +3,7 @@
 Both implementations run (Triton under the interpreter); the ground truth is float64.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,7 +92,6 @@ def test_bad_tensor_normalizer_raises(bad):
 
 
 def test_numpy_scalars_are_accepted_where_numbers_are():
-    np = pytest.importorskip("numpy")
     cfg = LossConfig(eps_high=np.float32(0.28), loss_agg="dr_grpo", max_completion_length=np.int64(16))
     assert cfg.max_completion_length == 16 and type(cfg.max_completion_length) is int
     logp, mask = torch.randn(2, 3), torch.ones(2, 3)

@@ -85,7 +85,12 @@ PAIRS = [
     ("\\frac{x^2-1}{x-1}", "x+1", True),
     ("a^2b", "ba^2", True),
     ("\\frac{1}{x}+\\frac{1}{y}", "\\frac{x+y}{xy}", True),
-    ("e^{i\\pi}", "-1", False),  # i is a plain symbol for the parser: no false positive either way
+    # a lone i is the imaginary unit (Euler's identity); as one variable among others it stays a symbol
+    ("e^{i\\pi}", "-1", True),
+    ("e^{i\\pi}", "1", False),
+    ("(1+i)^2", "2i", True),
+    ("i^2", "1", False),
+    ("x + i", "x + \\sqrt{-1}", False),
     # assignments and equations
     ("x = 3", "3", True),
     ("3", "x=3", True),

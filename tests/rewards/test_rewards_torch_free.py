@@ -53,7 +53,16 @@ def test_lazy_top_level_names():
     for name in ("GRPOLoss", "LossConfig", "LossOutput", "grpo_loss", "policy_loss"):
         assert getattr(fastrl, name) is getattr(fastrl.losses, name)
     assert isinstance(fastrl.__version__, str)
-    assert fastrl.rewards is fastrl.rewards  # subpackages resolve as attributes too
+    # subpackages resolve as attributes too: in a fresh process `fastrl.rewards` is not yet imported, so the
+    # attribute goes through the package's __getattr__; an unknown name raises AttributeError
+    code = (
+        "import sys, fastrl\n"
+        "assert 'fastrl.rewards' not in sys.modules\n"
+        "assert fastrl.rewards is sys.modules['fastrl.rewards']\n"
+        "try:\n    fastrl.no_such_name\nexcept AttributeError:\n    print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "ok", out
     assert "lm_body_and_head" in fastrl.__all__
 
 

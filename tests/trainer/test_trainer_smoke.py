@@ -1,7 +1,10 @@
 """A few steps of the real loop (the full tiny run is the README's main job, not a CI test)."""
 
 import pytest
+import torch
 
+import fastrl.trainer.scoring as scoring
+import fastrl.trainer.update as update
 from fastrl.trainer.config import make_config
 from fastrl.trainer.metrics import read_metrics
 from fastrl.trainer.trainer import train
@@ -37,15 +40,44 @@ def test_tiny_loop_logs_every_metric(tmp_path):
     ],
     ids=["ppo-epochs-ref-kl-filter", "drgrpo-shaping-is-gspo"],
 )  # fmt: skip
-def test_loop_options(tmp_path, options):
+def test_loop_options(tmp_path, options, monkeypatch):
     options = {"warmup_sft_steps": 10, **options}
+    configs, shaping = [], []
+    real_loss, real_shaped = update.grpo_loss, scoring.shaped_rewards
+
+    def spy_loss(*args, config, rollout_logprobs=None, **kw):
+        configs.append((config, rollout_logprobs is not None))
+        return real_loss(*args, config=config, rollout_logprobs=rollout_logprobs, **kw)
+
+    def spy_shaped(scores, correct, lengths, config):
+        total = real_shaped(scores, correct, lengths, config)
+        shaping.append(float((total - torch.tensor(scores.total, dtype=torch.float64)).abs().max()))
+        return total
+
+    monkeypatch.setattr(update, "grpo_loss", spy_loss)
+    monkeypatch.setattr(scoring, "shaped_rewards", spy_shaped)
     cfg = make_config("tiny", output_dir=str(tmp_path), max_steps=4, prompts_per_step=4, group_size=4, save_steps=0,
                       progress=False, **options)  # fmt: skip
     train(cfg)
     rows = read_metrics(str(tmp_path))
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    loss_cfg = configs[0][0]
     if options.get("beta"):
         # old log-probs make the second minibatch's ratio differ from 1; the reference gives a KL
         assert any(r["kl_mean"] > 0 for r in rows[1:])
+        assert loss_cfg.beta == 0.05 and sum(r["train_tokens"] for r in rows) > 0
     if options.get("mask_truncated"):
-        assert all(r["truncation_rate"] >= 0 for r in rows)
+        # the options reach the loss: Dr. GRPO's aggregation, sequence-level ratio (GSPO), the IS cap with the
+        # rollout log-probs, the entropy bonus
+        got = (loss_cfg.loss_agg, loss_cfg.max_completion_length, loss_cfg.ratio_level, loss_cfg.is_cap)
+        assert got == ("seq-mean-token-sum-norm", 9, "sequence", 2.0) and loss_cfg.entropy_coef == 0.01, got
+        assert all(has_rollout for _, has_rollout in configs)
+        # completions cut at 9 tokens: some are truncated, their tokens leave the loss, and the length /
+        # overlong shaping moves the rewards
+        cut = [r for r in rows if r["truncation_rate"] > 0]
+        assert cut, [r["truncation_rate"] for r in rows]
+        n = 4 * 4
+        assert all(r["train_tokens"] < r["response_length_mean"] * n for r in cut), [
+            (r["train_tokens"], r["response_length_mean"] * n) for r in cut
+        ]
+        assert max(shaping) > 0, shaping

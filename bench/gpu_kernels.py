@@ -1,43 +1,29 @@
-"""GPU check of the Triton token-log-prob kernels: correctness at real shapes, then timings.
-
-    PYTHONPATH=. python scripts/gpu_check.py             # on a CUDA machine, from the source tree (~2-4 min)
-    PYTHONPATH=. python scripts/gpu_check.py --dry-run   # tiny shapes on CPU through the Triton interpreter
+"""GPU check of the Triton token-log-prob kernels: correctness at real shapes, then timings (`python -m bench.gpu`).
 
 Correctness: impl="triton" in bf16 against a float64 ground truth (or, where N·V > 2^31, a chunked
 float32 one), every output and gradient no worse than eager bf16 plus a bf16 tolerance (the rule of
 tests/kernels). Timings: median of CUDA-event times for fwd and fwd+bwd at N in {4k, 16k, 32k},
 D = 4096, V = 152064, against eager PyTorch and a bf16 torch.matmul of the same N·D·V (the ceiling),
-counting 2·N·D·V FLOPs for fwd and 8·N·D·V for fwd+bwd. A speed is printed only for a shape whose
-correctness check passed. Results go to $OUT/gpu_check.json when OUT is set; a short table is last.
+counting 2·N·D·V FLOPs for fwd and 8·N·D·V for fwd+bwd. A speed is given only for a shape whose
+correctness check passed. `--dry-run`: tiny shapes on CPU through the Triton interpreter (the caller sets
+TRITON_INTERPRET=1 before torch and triton are imported).
 """
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
-import sys
 import time
+from types import SimpleNamespace
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
-parser.add_argument("--autotune", action="store_true", help="FASTRL_AUTOTUNE=1 (tunes on first call per shape)")
-parser.add_argument("--reps", type=int, default=5)
-ARGS = parser.parse_args()
-if ARGS.dry_run:
-    os.environ["TRITON_INTERPRET"] = "1"
-if ARGS.autotune:
-    os.environ["FASTRL_AUTOTUNE"] = "1"
-os.environ.setdefault("FASTRL_CHUNK_BYTES", str(2**30))  # the chunked fp32 ground truth: few, big chunks
+import torch
+import triton
 
-import torch  # noqa: E402
-import triton  # noqa: E402
+import fastrl
+from fastrl.kernels import LogprobParams, token_logprobs_reference
+from fastrl.kernels.logprobs import bwd as logprob_bwd
 
-import fastrl  # noqa: E402
-from fastrl.kernels import LogprobParams, token_logprobs_reference  # noqa: E402
-from fastrl.kernels.logprobs import bwd as logprob_bwd  # noqa: E402
-
-DEVICE = torch.device("cpu" if ARGS.dry_run else "cuda")
+ARGS = SimpleNamespace(dry_run=True, autotune=False, reps=1)
+DEVICE = torch.device("cpu")
 BF16_TOL = 4e-3  # one bf16 ulp, relative to the scale of the value compared (as in tests/kernels)
 RESULTS = {"correctness": [], "timings": []}
 
@@ -224,9 +210,15 @@ def table():
     return "\n".join(lines)
 
 
-def main():
+def main(dry_run: bool, reps: int = 5) -> dict:
+    """Run the checks and timings; returns the results (with "pass" and the "table" text)."""
+    global DEVICE
+    ARGS.dry_run, ARGS.reps = dry_run, reps
+    ARGS.autotune = os.environ.get("FASTRL_AUTOTUNE") == "1"
+    DEVICE = torch.device("cpu" if dry_run else "cuda")
+    os.environ.setdefault("FASTRL_CHUNK_BYTES", str(2**30))  # the chunked fp32 ground truth: few, big chunks
+    RESULTS["correctness"], RESULTS["timings"] = [], []
     RESULTS["environment"] = environment()
-    print(json.dumps(RESULTS["environment"]), flush=True)
     if ARGS.dry_run:
         checks = [(77, 120, 1001, True, 0.7, "fp64"), (300, 64, 700, False, 1.0, "fp32-chunked")]
         sizes, d, v = (64, 128), 64, 512
@@ -244,12 +236,5 @@ def main():
     else:
         print("correctness failed: no timings reported", flush=True)
     RESULTS["pass"] = all_ok
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "gpu_check.json"), "w") as f:
-            json.dump(RESULTS, f, indent=1)
-    print(table())
-    return 0 if all_ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    RESULTS["table"] = table()
+    return RESULTS
