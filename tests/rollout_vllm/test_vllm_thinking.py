@@ -24,6 +24,8 @@ def rollouts():
     model.eval()
     engine = make_engine("vllm", model, tokenizer, config)
     engine.sync_weights(model)
+    # the engine serves a longest prompt plus a longest completion (inserted tokens are part of it)
+    assert engine.llm.llm_engine.model_config.max_model_len == config.max_prompt_length + M
     prompts = [tokenizer.encode(q, add_special_tokens=True) for q in ("3+4=<think>", "12+9=<think>", "1+1=")]
     return config, model, tokenizer, engine.generate(prompts, 2, want_logprobs=True)
 

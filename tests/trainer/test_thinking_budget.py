@@ -174,3 +174,25 @@ def _scores(comps):
 
     n = len(comps)
     return Scores(torch.zeros(n, dtype=torch.float64), [0.0] * n, {})
+
+
+def test_min_completion_length_forces_the_length_without_a_budget():
+    config = make_config("tiny", max_completion_length=20, min_completion_length=20)
+    torch.manual_seed(0)
+    model, tokenizer = build_model(config, torch.device("cpu"))
+    comps = make_engine("hf", model, tokenizer, config).generate([tokenizer.encode("1+1=", add_special_tokens=True)], 4)
+    assert [len(c.completion_ids) for c in comps] == [20] * 4 and all(c.truncated for c in comps)
+    assert all(tokenizer.eos_token_id not in c.completion_ids for c in comps)
+
+
+def test_vllm_kv_cache_holds_one_longest_sequence():
+    from fastrl.trainer.rollout.vllm_engine import kv_bytes_per_token, kv_cache_bytes
+
+    config = make_config("tiny", max_completion_length=32768, vllm_kv_cache_gib=0.01)
+    model, _ = build_model(config, torch.device("cpu"))
+    assert model.config.max_position_embeddings == 512 + 32768  # vLLM serves the whole length
+    assert kv_bytes_per_token(model, "float32") == 2 * 2 * 128 * 4  # K and V, 2 layers, width 128, float32
+    with pytest.raises(ConfigError, match="vllm_kv_cache_gib"):
+        kv_cache_bytes(config, model, "float32", 512 + 32768)  # 0.01 GiB: 5,242 tokens
+    ok = make_config("tiny", max_completion_length=32768)  # the preset's 0.25 GiB: 131,072 tokens
+    assert kv_cache_bytes(ok, model, "float32", 512 + 32768) == 2**28

@@ -12,6 +12,10 @@ before the first batch: vLLM loads `config.model` from disk, the trainer's copy 
 - Log-probs: `logprobs_mode="processed_logprobs"`, the sampled token's log-prob under the distribution
   it was drawn from (after temperature and top-p): what the `is_cap` correction needs (docs/math.md §2).
 - vLLM reseeds the global RNGs and fixes torch's thread count while it starts; the trainer's are restored.
+- Lengths: `max_model_len` is max_prompt_length + max_completion_length (a thinking budget's inserted tokens
+  count in the completion), and a `vllm_kv_cache_gib` that cannot hold one such sequence is refused up front,
+  so a long completion is never cut short by the engine; `min_completion_length` is vLLM's `min_tokens`.
+- A thinking budget (`thinking.py`) samples in rounds, one `generate` call per round, a request per completion.
 
 Tested on vLLM's CPU build (tests/rollout_vllm). Only a GPU run exercises the sleep / wake-up calls.
 """
