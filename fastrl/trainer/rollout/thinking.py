@@ -127,6 +127,6 @@ def sample_with_budget(
                 d.ids = d.ids[:cut] + insert
                 d.logprobs = d.logprobs[:cut] + [0.0] * len(insert)
                 d.inserted, ended = (cut, cut + len(insert)), False
-            d.done = ended or len(d.ids) >= max_new
+            d.done = ended or len(d.ids) >= max_new or not new  # (an engine that samples nothing: no loop)
             d.truncated = not ended and d.done
     return [Completion(d.prompt, d.ids, d.truncated, d.logprobs if want_logprobs else None, d.inserted) for d in drafts]
