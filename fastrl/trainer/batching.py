@@ -25,6 +25,7 @@ class Sample:
     old_logprobs: list[float] | None = None
     ref_logprobs: list[float] | None = None
     rollout_logprobs: list[float] | None = None
+    token_mask: list[float] | None = None  # per completion token: 0.0 = not sampled by the policy (None: all 1)
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
@@ -56,6 +57,13 @@ def plan_microbatches(lengths: list[int], budget: int, packed: bool) -> list[lis
 
 def microbatch_cost(lengths: list[int], packed: bool) -> int:
     return sum(lengths) if packed else len(lengths) * max(lengths, default=0)
+
+
+def token_mask(s: Sample) -> list[float]:
+    """The loss mask of a sample's completion tokens: 0 everywhere when masked, else its token mask."""
+    if not s.loss_mask:
+        return [0.0] * len(s.completion_ids)
+    return [1.0] * len(s.completion_ids) if s.token_mask is None else s.token_mask
 
 
 def _pad(rows: list[list[float]], width: int, value: float, dtype) -> torch.Tensor:
@@ -107,7 +115,7 @@ def collate(seqs: list[Sample], packed: bool, pad_id: int) -> dict:
         n = len(s.completion_ids)
         gather[i, :n] = torch.arange(first, first + n)
         gather[i, n:] = first  # any valid index; masked out
-    mask = _pad([[1.0 if s.loss_mask else 0.0] * len(s.completion_ids) for s in seqs], tc, 0.0, torch.float32)
+    mask = _pad([token_mask(s) for s in seqs], tc, 0.0, torch.float32)
 
     def optional(name):
         rows = [getattr(s, name) for s in seqs]

@@ -55,7 +55,7 @@ def build_model(config: TrainConfig, device: torch.device):
         tokenizer = CharTokenizer()
         max_len = config.max_prompt_length + config.max_completion_length
         model = tiny_model(
-            len(tokenizer), config.tiny_hidden_size, config.tiny_layers, max_len=min(max_len, 4096), seed=config.seed
+            len(tokenizer), config.tiny_hidden_size, config.tiny_layers, max_len=max_len, seed=config.seed
         )
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -17,6 +17,11 @@ from fastrl.losses import LossConfig
 
 from .validate import ConfigError, check_fields, check_value, coerce
 
+# Qwen3's sentence for a thinking span cut by the budget (the closing marker follows it)
+STOP_THINKING = (
+    "\n\nConsidering the limited time by the user, I have to give the solution based on the thinking directly now.\n"
+)
+
 __all__ = [
     "PRESETS",
     "ConfigError",
@@ -60,6 +65,12 @@ class TrainConfig:
     vllm_kv_cache_gib: float = 0.0  # vLLM KV-cache size in GiB (0 = what vllm_gpu_memory_utilization leaves)
     vllm_sleep_level: int = 1  # vLLM sleeps in updates where it can (GPU): 1 offloads weights, 2 drops them, 0 never
     vllm_enforce_eager: bool = False  # vLLM without torch.compile / CUDA graphs: faster start, slower decoding
+    # --- thinking budget and forced lengths (rollouts/thinking.py) ---
+    thinking_budget: int = 0  # thinking tokens before the engine closes the span (0 = off); inserted tokens are masked
+    think_start: str = "<think>"  # opens the thinking span (in the prompt or in the completion)
+    think_end: str = "</think>"  # closes it
+    thinking_stop_text: str = STOP_THINKING  # inserted before think_end when the budget runs out
+    min_completion_length: int = 0  # no end token before this many tokens (forces long rollouts, for tests)
     # --- rewards and advantages ---
     rewards: tuple = ("accuracy:1.0", "format:0.1")  # "name:weight" (accuracy, format) or "module:function:weight"
     length_penalty: float = 0.0  # weight of the Kimi k1.5 length penalty (0 = off)
@@ -114,6 +125,7 @@ class TrainConfig:
                 "dataset", self.dataset, f"the supervised warm-up (warmup_sft_steps={self.warmup_sft_steps}) needs an "
                 "arithmetic dataset: set --warmup-sft-steps 0",
             )  # fmt: skip
+        _check_thinking(self)
         if self.resume and self.overwrite:
             raise ConfigError("overwrite", True, "--resume continues the run in output_dir; --overwrite deletes it")
         for name in SAMPLER_KNOBS:
@@ -140,6 +152,18 @@ class TrainConfig:
     def needs_old_logprobs(self) -> bool:
         """A rollout batch feeds several optimizer steps, so the ratio needs the pre-update log-probs."""
         return self.ppo_epochs * self.minibatches > 1
+
+
+def _check_thinking(c: TrainConfig) -> None:
+    """The thinking budget and the forced length against max_completion_length."""
+    room = f"max_completion_length={c.max_completion_length}"
+    if c.min_completion_length > c.max_completion_length:
+        raise ConfigError("min_completion_length", c.min_completion_length, f"must be <= {room}")
+    if c.thinking_budget and c.thinking_budget >= c.max_completion_length:
+        raise ConfigError("thinking_budget", c.thinking_budget, f"must leave room for an answer within {room}")
+    for name in ("think_start", "think_end"):
+        if c.thinking_budget and not getattr(c, name):
+            raise ConfigError(name, getattr(c, name), "a thinking budget needs both markers")
 
 
 # LossConfig fields that are sampler settings of the trainer (declared above, copied into `loss`)

@@ -73,16 +73,28 @@ def advantages(total: torch.Tensor, config, batch_std: float | None = None) -> t
 
 
 def to_samples(completions, adv: list[float], flat: torch.Tensor, config) -> list[Sample]:
-    """Training samples: zero-variance groups dropped if `filter_zero_std`; truncated ones masked if asked."""
+    """Training samples: zero-variance groups dropped if `filter_zero_std`; truncated ones masked if asked.
+
+    Tokens an engine inserted (the thinking budget's sentence and marker) get token mask 0: the policy did
+    not sample them, so they carry no loss and no importance ratio.
+    """
     G = config.group_size
     drop = flat.repeat_interleave(G).tolist() if config.filter_zero_std else [False] * len(completions)
     return [
-        Sample(
-            c.prompt_ids, c.completion_ids, a, not (config.mask_truncated and c.truncated), rollout_logprobs=c.logprobs
-        )
+        Sample(c.prompt_ids, c.completion_ids, a, not (config.mask_truncated and c.truncated),
+               rollout_logprobs=c.logprobs, token_mask=sampled_mask(c))  # fmt: skip
         for c, a, d in zip(completions, adv, drop)
         if not d
     ]
+
+
+def sampled_mask(completion) -> list[float] | None:
+    """1.0 for each completion token the policy sampled, 0.0 for inserted ones; None when all were sampled."""
+    if completion.inserted is None:
+        return None
+    start, end = completion.inserted
+    n = len(completion.completion_ids)
+    return [1.0] * start + [0.0] * (end - start) + [1.0] * (n - end)
 
 
 def rollout_sums(completions, prompt_lengths: list[int], scores: Scores, flat: torch.Tensor, config) -> dict:
@@ -94,13 +106,19 @@ def rollout_sums(completions, prompt_lengths: list[int], scores: Scores, flat: t
         "length": sum(lengths), "truncated": sum(c.truncated for c in completions),
         "prompt_tokens": sum(prompt_lengths) * config.group_size,
         **{f"reward_{k}_mean": sum(v) for k, v in scores.per_fn.items()},
+        **(_thinking_sums(completions) if config.thinking_budget else {}),
     }  # fmt: skip
+
+
+def _thinking_sums(completions) -> dict:
+    cut = [c.inserted for c in completions if c.inserted is not None]
+    return {"thinking_cut": len(cut), "thinking_inserted": sum(end - start for start, end in cut)}
 
 
 def rollout_metrics(sums: dict, length_max: float) -> dict:
     """The batch's logged rollout metrics from the (all-ranks) sums and the longest completion."""
     n = sums["n"]
-    return {
+    out = {
         "reward_mean": sums["reward"] / n,
         "reward_std": math.sqrt(max(sums["reward_sq"] / n - (sums["reward"] / n) ** 2, 0.0)),
         "reward_correct_mean": sums["correct"] / n,
@@ -111,3 +129,7 @@ def rollout_metrics(sums: dict, length_max: float) -> dict:
         "rollout_tokens": sums["length"] + sums["prompt_tokens"],
         **{k: v / n for k, v in sums.items() if k.startswith("reward_") and k.endswith("_mean")},
     }
+    if "thinking_cut" in sums:  # a thinking budget: the share of completions cut, the tokens inserted in all
+        out["thinking_budget_cut_frac"] = sums["thinking_cut"] / n
+        out["thinking_budget_inserted_tokens"] = sums["thinking_inserted"]
+    return out

@@ -22,7 +22,7 @@ from fastrl.kernels import token_logprobs
 from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss, hidden_and_head, lm_body_and_head
 
 from . import distributed as dist_utils
-from .batching import Sample, collate, plan_microbatches
+from .batching import Sample, collate, plan_microbatches, token_mask
 from .fsdp import filler_sample, is_sharded, run_sharded
 from .tiled_mlp import tile_mlps
 
@@ -119,7 +119,7 @@ def sequence_logprobs(
 def _global_normalizer(samples: list[Sample], loss_agg: str) -> float:
     """Tokens (token-mean) or sequences (seq-mean-*) that carry loss in this step, over all ranks."""
     live = [s for s in samples if s.loss_mask]
-    local = sum(len(s.completion_ids) for s in live) if loss_agg == "token-mean" else len(live)
+    local = sum(sum(token_mask(s)) for s in live) if loss_agg == "token-mean" else len(live)
     return dist_utils.all_reduce_sum(float(local))
 
 

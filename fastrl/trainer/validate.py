@@ -177,6 +177,8 @@ RULES = {
     "vllm_dtype": _one_of(("auto", "float32", "bfloat16", "float16")),
     "vllm_kv_cache_gib": _at_least(0),
     "vllm_sleep_level": ((lambda v: v in (0, 1, 2)), "must be one of 0, 1, 2"),
+    "thinking_budget": _at_least(0),
+    "min_completion_length": _at_least(0),
     "rewards": (_rewards, "must name at least one reward"),
     "overlong_buffer": _at_least(0),
     "advantage_scale": _one_of(("std", "batch-std", "none")),

@@ -1,7 +1,8 @@
 """Rollouts: sample G completions per prompt with the Hugging Face engine or a colocated vLLM engine.
 
 `engine.py` holds the interface (`Completion`, `RolloutEngine`) and prompt building, `hf_engine.py` the
-`model.generate` engine, `vllm_engine.py` the vLLM one (imported only when chosen).
+`model.generate` engine, `vllm_engine.py` the vLLM one (imported only when chosen), `thinking.py` the
+thinking budget both engines apply.
 """
 
 import importlib.util
@@ -10,14 +11,18 @@ import torch
 
 from .engine import Completion, RolloutEngine, build_prompt
 from .hf_engine import HFEngine, trim_completion
+from .thinking import ThinkingBudget, budget_cut, thinking_budget_of
 
 __all__ = [
     "Completion",
     "HFEngine",
     "RolloutEngine",
+    "ThinkingBudget",
+    "budget_cut",
     "build_prompt",
     "check_engine_available",
     "make_engine",
+    "thinking_budget_of",
     "trim_completion",
 ]
 
@@ -46,5 +51,6 @@ def make_engine(name: str, model, tokenizer, config) -> RolloutEngine:
         return VLLMEngine(config, tokenizer, model)
     if name == "hf":
         return HFEngine(model, tokenizer, config.max_completion_length, config.temperature, config.top_p,
-                        config.top_k, config.min_p)  # fmt: skip
+                        config.top_k, config.min_p, config.min_completion_length,
+                        thinking_budget_of(config, tokenizer))  # fmt: skip
     raise ValueError(f"unknown rollout engine {name!r}; use 'auto', 'hf' or 'vllm'")

@@ -15,6 +15,7 @@ class Completion:
     completion_ids: list[int]  # ends with EOS unless truncated
     truncated: bool  # hit max_completion_length before EOS
     logprobs: list[float] | None = None  # sampler's log-prob of each completion token
+    inserted: tuple[int, int] | None = None  # [start, end) positions the engine inserted, not sampled (thinking budget)
 
 
 class RolloutEngine(Protocol):

@@ -1,9 +1,10 @@
 """The Hugging Face `generate` engine: samples with the training model itself (CPU, or GPU without vLLM)."""
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from .engine import Completion, end_token_ids
+from .thinking import Request, Sampled, ThinkingBudget, sample_with_budget
 
 
 def trim_completion(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
@@ -17,21 +18,54 @@ def trim_completion(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]
     return ids, True
 
 
+class _EndSuppressed(LogitsProcessor):
+    """No end token while a row has sampled fewer than its `min_new` tokens (per row, unlike generate's own)."""
+
+    def __init__(self, width: int, min_new: list[int], eos_ids: list[int]):
+        self.width, self.min_new, self.eos_ids = width, torch.tensor(min_new), eos_ids
+
+    def __call__(self, input_ids, scores):
+        early = (input_ids.shape[1] - self.width < self.min_new.to(scores.device)).nonzero()[:, 0]
+        scores[early[:, None], torch.tensor(self.eos_ids, device=scores.device)] = -float("inf")
+        return scores
+
+
+class _RowLimit(StoppingCriteria):
+    """A row is done once it has sampled its own `limit` tokens."""
+
+    def __init__(self, width: int, limits: list[int]):
+        self.width, self.limits = width, torch.tensor(limits)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids.shape[1] - self.width >= self.limits.to(input_ids.device)
+
+
 class HFEngine:
     """Sampling with `model.generate` on the training model itself (CPU, or GPU without vLLM).
 
     Prompts are left-padded; the model computes positions from the attention mask, so a padded prompt
-    samples exactly like an unpadded one.
+    samples exactly like an unpadded one. With a thinking budget (`thinking.py`) it samples in rounds.
     """
 
-    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, min_p: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        min_new_tokens: int = 0,
+        thinking: ThinkingBudget | None = None,
+    ):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         if min_p > 0 and top_p < 1:
             # transformers applies min-p after top-p, vLLM (whose order the loss follows) before it
             raise ValueError(f"the hf engine samples min_p={min_p} after top_p={top_p}, unlike vLLM and the loss: "
                              "use one of them, or the vllm engine")  # fmt: skip
+        self.min_new_tokens, self.thinking = min_new_tokens, thinking
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = end_token_ids(model, tokenizer)
         # Our own config, swapped in during generate: transformers fills "unset" fields of a passed config
@@ -54,20 +88,38 @@ class HFEngine:
         """`n` samples for each prompt, grouped: completions [i*n : (i+1)*n] belong to prompts[i]."""
         if not prompts:
             return []
-        device = next(self.model.parameters()).device
+
+        def sample_round(requests: list[Request]) -> list[Sampled]:
+            return self._sample(requests, want_logprobs)
+
+        if self.thinking is not None:
+            return sample_with_budget(prompts, n, self.thinking, self.max_new_tokens, self.min_new_tokens,
+                                      set(self.eos_ids), sample_round, want_logprobs)  # fmt: skip
         rows = [p for p in prompts for _ in range(n)]
-        width = max(len(p) for p in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, p in enumerate(rows):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            attn[i, width - len(p) :] = 1
+        out = sample_round([(p, self.max_new_tokens, self.min_new_tokens) for p in rows])
+        return [Completion(p, ids, ids[-1] not in self.eos_ids, lp) for p, (ids, lp) in zip(rows, out)]
+
+    def _sample(self, requests: list[Request], want_logprobs: bool) -> list[Sampled]:
+        """One batched `generate` over (context, most new tokens, fewest before an end token) requests."""
+        device = next(self.model.parameters()).device
+        width = max(len(c) for c, _, _ in requests)
+        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, (c, _, _) in enumerate(requests):
+            ids[i, width - len(c) :] = torch.tensor(c)
+            attn[i, width - len(c) :] = 1
+        limits, min_new = [r[1] for r in requests], [r[2] for r in requests]
+        extra = {"max_new_tokens": max(limits)}
+        if min(limits) < max(limits):
+            extra["stopping_criteria"] = StoppingCriteriaList([_RowLimit(width, limits)])
+        if max(min_new) > 0:
+            extra["logits_processor"] = LogitsProcessorList([_EndSuppressed(width, min_new, self.eos_ids)])
         was_training, model_defaults = self.model.training, self.model.generation_config
         self.model.eval()
         self.model.generation_config = self.generation_config
         self.generation_config.output_scores = want_logprobs
         try:
-            out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device))
+            out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), **extra)
         finally:
             self.model.generation_config = model_defaults
             self.model.train(was_training)
@@ -78,10 +130,9 @@ class HFEngine:
             scores = torch.stack(out.scores, dim=1).float().log_softmax(-1).cpu()
             token_lp = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         result = []
-        for i, p in enumerate(rows):
-            comp, truncated = trim_completion(new[i].tolist(), set(self.eos_ids))
-            lp = token_lp[i, : len(comp)].tolist() if token_lp is not None else None
-            result.append(Completion(p, comp, truncated, lp))
+        for i, limit in enumerate(limits):
+            comp, _ = trim_completion(new[i, :limit].tolist(), set(self.eos_ids))
+            result.append((comp, token_lp[i, : len(comp)].tolist() if token_lp is not None else None))
         return result
 
     def sync_weights(self, model) -> None:

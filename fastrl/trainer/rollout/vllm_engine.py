@@ -12,6 +12,10 @@ before the first batch: vLLM loads `config.model` from disk, the trainer's copy 
 - Log-probs: `logprobs_mode="processed_logprobs"`, the sampled token's log-prob under the distribution
   it was drawn from (after temperature and top-p): what the `is_cap` correction needs (docs/math.md §2).
 - vLLM reseeds the global RNGs and fixes torch's thread count while it starts; the trainer's are restored.
+- Lengths: `max_model_len` is max_prompt_length + max_completion_length (a thinking budget's inserted tokens
+  count in the completion), and a `vllm_kv_cache_gib` that cannot hold one such sequence is refused up front,
+  so a long completion is never cut short by the engine; `min_completion_length` is vLLM's `min_tokens`.
+- A thinking budget (`thinking.py`) samples in rounds, one `generate` call per round, a request per completion.
 
 Tested on vLLM's CPU build (tests/rollout_vllm). Only a GPU run exercises the sleep / wake-up calls.
 """
@@ -24,7 +28,9 @@ import tempfile
 import torch
 
 from ..fsdp import full_state_items, is_sharded
+from ..validate import ConfigError
 from .engine import Completion, end_token_ids
+from .thinking import Request, Sampled, sample_with_budget, thinking_budget_of
 
 
 def vllm_dtype(config, model) -> str:
@@ -32,6 +38,28 @@ def vllm_dtype(config, model) -> str:
     if config.vllm_dtype != "auto":
         return config.vllm_dtype
     return "bfloat16" if config.bf16 and next(model.parameters()).is_cuda else "float32"
+
+
+def kv_bytes_per_token(model, dtype: str) -> int:
+    """KV-cache bytes one token takes in vLLM: keys and values of every layer's KV heads."""
+    c = model.config
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * c.num_hidden_layers * heads * head_dim * (4 if dtype == "float32" else 2)
+
+
+def kv_cache_bytes(config, model, dtype: str, max_model_len: int) -> int | None:
+    """`vllm_kv_cache_gib` in bytes (None: vLLM sizes it); ConfigError if one longest sequence would not fit."""
+    if not config.vllm_kv_cache_gib:
+        return None
+    size, need = int(config.vllm_kv_cache_gib * 2**30), kv_bytes_per_token(model, dtype) * (max_model_len + 256)
+    if size < need:  # vLLM would refuse to start; 256: room for its block rounding
+        raise ConfigError(
+            "vllm_kv_cache_gib", config.vllm_kv_cache_gib, f"holds {size // kv_bytes_per_token(model, dtype)} tokens; "
+            f"one max_prompt_length + max_completion_length = {max_model_len}-token sequence needs >= "
+            f"{need / 2**30:.3f} GiB",
+        )  # fmt: skip
+    return size
 
 
 @contextlib.contextmanager
@@ -65,28 +93,30 @@ class VLLMEngine:
             self._export = tempfile.TemporaryDirectory(prefix="fastrl-tiny-")
             path = save_tiny(model, tokenizer, self._export.name)
         self.sleep_level = config.vllm_sleep_level if current_platform.is_sleep_mode_available() else 0
+        # a prompt of max_prompt_length and a completion of max_completion_length (inserted tokens included)
+        max_model_len = config.max_prompt_length + config.max_completion_length
+        dtype = vllm_dtype(config, model)
         extra = {}
-        if config.vllm_kv_cache_gib:
-            extra["kv_cache_memory_bytes"] = int(config.vllm_kv_cache_gib * 2**30)
+        kv_bytes = kv_cache_bytes(config, model, dtype, max_model_len)
+        if kv_bytes is not None:
+            extra["kv_cache_memory_bytes"] = kv_bytes
         with _trainer_state_kept():
             self.llm = LLM(
                 model=path,
-                dtype=vllm_dtype(config, model),
+                dtype=dtype,
                 enable_sleep_mode=self.sleep_level > 0,
                 gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                max_model_len=config.max_prompt_length + config.max_completion_length,
+                max_model_len=max_model_len,
                 seed=config.seed,
                 logprobs_mode="processed_logprobs",
                 enforce_eager=config.vllm_enforce_eager,
                 **extra,
             )
         self.stop_ids = end_token_ids(model, tokenizer)  # the HF engine's end tokens
-        self.max_new_tokens, self.temperature, self.top_p = (
-            config.max_completion_length,
-            config.temperature,
-            config.top_p,
-        )
+        self.max_new_tokens, self.min_new_tokens = config.max_completion_length, config.min_completion_length
+        self.temperature, self.top_p = config.temperature, config.top_p
         self.top_k, self.min_p = config.top_k, config.min_p
+        self.thinking = thinking_budget_of(config, tokenizer)
         self.asleep = False
 
     def generate(self, prompts: list[list[int]], n: int, want_logprobs: bool = False) -> list[Completion]:
@@ -96,27 +126,48 @@ class VLLMEngine:
         if self.asleep:  # only when generate runs without a sync since the last batch
             self.llm.wake_up()
             self.asleep = False
-        params = self._params(
+        if self.thinking is not None:
+            rounds = lambda requests: self._sample(requests, want_logprobs)  # noqa: E731
+            result = sample_with_budget(prompts, n, self.thinking, self.max_new_tokens, self.min_new_tokens,
+                                        set(self.stop_ids), rounds, want_logprobs)  # fmt: skip
+        else:
+            outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                     self._sampling(n, self.max_new_tokens, self.min_new_tokens, want_logprobs),
+                                     use_tqdm=False)  # fmt: skip
+            result = []
+            for prompt, out in zip(prompts, outs):
+                for c in out.outputs:
+                    ids = list(c.token_ids)  # ends with the end token unless cut at max_tokens
+                    lp = [d[t].logprob for d, t in zip(c.logprobs, ids)] if want_logprobs else None
+                    result.append(Completion(list(prompt), ids, c.finish_reason == "length", lp))
+        if self.sleep_level:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+        return result
+
+    def _sampling(self, n: int, max_new: int, min_new: int, want_logprobs: bool):
+        return self._params(
             n=n,
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,  # 0: off
             min_p=self.min_p,
-            max_tokens=self.max_new_tokens,
+            max_tokens=max_new,
+            min_tokens=min(min_new, max_new),  # end tokens suppressed before it (a forced length)
             logprobs=0 if want_logprobs else None,  # 0: only the sampled token's log-prob
             stop_token_ids=self.stop_ids,
             detokenize=False,  # the trainer decodes with its own tokenizer
         )
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+    def _sample(self, requests: list[Request], want_logprobs: bool) -> list[Sampled]:
+        """One batched call over (context, most new tokens, fewest before an end token) requests."""
+        params = [self._sampling(1, limit, min_new, want_logprobs) for _, limit, min_new in requests]
+        outs = self.llm.generate([{"prompt_token_ids": c} for c, _, _ in requests], params, use_tqdm=False)
         result = []
-        for prompt, out in zip(prompts, outs):
-            for c in out.outputs:
-                ids = list(c.token_ids)  # ends with the end token unless cut at max_tokens
-                lp = [d[t].logprob for d, t in zip(c.logprobs, ids)] if want_logprobs else None
-                result.append(Completion(list(prompt), ids, c.finish_reason == "length", lp))
-        if self.sleep_level:
-            self.llm.sleep(level=self.sleep_level)
-            self.asleep = True
+        for out in outs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            result.append((ids, [d[t].logprob for d, t in zip(c.logprobs, ids)] if want_logprobs else None))
         return result
 
     def sync_weights(self, model) -> None:

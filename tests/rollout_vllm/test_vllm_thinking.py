@@ -1,0 +1,70 @@
+"""The thinking budget on the vLLM engine (the tiny model, a forced budget): the exact insertion, the log-probs of
+what the model samples after it, and the loss mask of the inserted tokens."""
+
+import pytest
+import torch
+from transformers import TemperatureLogitsWarper
+from vllm_reference import TOL, T, tiny_config
+
+from fastrl.trainer.batching import collate
+from fastrl.trainer.build import build_model
+from fastrl.trainer.rollout import make_engine
+from fastrl.trainer.scoring import to_samples
+
+N, M, STOP = 5, 30, " stop."
+
+
+@pytest.fixture(scope="module")
+def rollouts():
+    """Two completions of each prompt, every one forced to M tokens; the first two prompts open the span."""
+    config = tiny_config(thinking_budget=N, max_completion_length=M, min_completion_length=M, thinking_stop_text=STOP,
+                         group_size=2, is_cap=2.0)  # fmt: skip
+    torch.manual_seed(0)
+    model, tokenizer = build_model(config, torch.device("cpu"))
+    model.eval()
+    engine = make_engine("vllm", model, tokenizer, config)
+    engine.sync_weights(model)
+    # the engine serves a longest prompt plus a longest completion (inserted tokens are part of it)
+    assert engine.llm.llm_engine.model_config.max_model_len == config.max_prompt_length + M
+    prompts = [tokenizer.encode(q, add_special_tokens=True) for q in ("3+4=<think>", "12+9=<think>", "1+1=")]
+    return config, model, tokenizer, engine.generate(prompts, 2, want_logprobs=True)
+
+
+def sampled(c) -> torch.Tensor:
+    return torch.tensor([not (c.inserted and c.inserted[0] <= i < c.inserted[1]) for i in range(len(c.completion_ids))])
+
+
+@torch.no_grad()
+def test_vllm_inserts_at_the_budget_and_samples_the_answer_after_it(rollouts):
+    config, model, tokenizer, comps = rollouts
+    insert = tokenizer.encode(STOP + "</think>")
+    for c in comps[:4]:
+        assert len(c.completion_ids) == M and c.truncated
+        assert c.inserted == (N, N + len(insert)) and c.completion_ids[N : N + len(insert)] == insert
+    for c in comps[4:]:  # no span in the prompt: nothing inserted unless the model opened one itself
+        assert len(c.completion_ids) == M
+        assert c.inserted is None or c.completion_ids[c.inserted[0] - N - 1] == tokenizer.encode("<think>")[0]
+    # vLLM's log-probs of the tokens it sampled (after the inserted ones too) are the policy's given everything
+    # before them, inserted tokens included, with the end token suppressed below min_completion_length
+    for c in comps:
+        ids = torch.tensor([c.prompt_ids + c.completion_ids])
+        logits = model(ids).logits[0, len(c.prompt_ids) - 1 : -1].float()
+        logits[:, tokenizer.eos_token_id] = -float("inf")
+        ref = TemperatureLogitsWarper(T)(ids, logits).log_softmax(-1)
+        ref = ref.gather(-1, torch.tensor(c.completion_ids)[:, None])[:, 0]
+        got, keep = torch.tensor(c.logprobs), sampled(c)
+        assert float((got[keep] - ref[keep]).abs().max()) < TOL
+        assert (got[~keep] == 0).all()
+
+
+def test_inserted_tokens_are_masked_out_of_the_loss(rollouts):
+    config, _, tokenizer, comps = rollouts
+    samples = to_samples(comps, [1.0, -1.0] * 3, torch.zeros(3, dtype=torch.bool), config)
+    mask = collate(samples, packed=True, pad_id=tokenizer.pad_token_id)["mask"]
+    L = len(tokenizer.encode(STOP + "</think>"))
+    for row, c in enumerate(comps):
+        lo, hi = c.inserted or (M, M)
+        expected = [1.0] * lo + [0.0] * (hi - lo) + [1.0] * (M - hi)
+        assert samples[row].token_mask == (None if c.inserted is None else expected)
+        assert mask[row].tolist() == expected
+    assert sum(mask.sum(1).tolist()) == 6 * M - L * sum(c.inserted is not None for c in comps)
