@@ -16,7 +16,7 @@ The forward serves the training pass and the old/ref passes (under `no_grad`) al
 sequence parallelism); `log_probs` and `entropy` (never None) have the labels' shape, `(1, total_nnz)` with
 remove-padding. Under verl's FSDP2 engine a tied head is read inside the root unit's gathered forward; an
 untied `lm_head`, which verl wraps as its own FSDP unit, is run through that unit (`_head_unit`): gathered
-once per forward and once for its backward, never per vocabulary chunk (docs/integrations_verl.md).
+once per forward and once for its backward, never per vocabulary chunk (docs/integrations.md, "verl").
 
 It is verl's "vanilla" PPO policy term (clip-higher `clip_ratio_low` / `clip_ratio_high`, the dual clip
 `clip_ratio_c`, the rollout importance weights), aggregated by `loss_agg_mode` with verl's global batch
