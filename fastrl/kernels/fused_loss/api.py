@@ -4,12 +4,10 @@
 the policy loss of docs/math.md §2 (§7 describes the pass).
 """
 
-import numbers
-
 import torch
 
 from ..dispatch import resolve_impl
-from ..logprobs.api import _check_inputs, _check_targets_range, check_temperature
+from ..logprobs.api import _check_targets_range, check_call
 from ..logprobs.chunked import no_autocast
 from ..policy import PolicyLossParams
 from .chunked import fused_forward
@@ -45,12 +43,8 @@ def fused_logprob_grads(
         logp `[...]`, entropy `[...]` or None (float32, detached), and (d_hidden, d_weight, d_bias):
         ∂L/∂hidden, ∂L/∂weight, ∂L/∂bias in the inputs' dtypes, None where the input needs no gradient.
     """
+    check_call(hidden, weight, targets, bias, temperature, ignore_index)
     per_token = isinstance(temperature, torch.Tensor)
-    _check_inputs(hidden, weight, targets, bias, 1.0 if per_token else temperature)
-    if per_token:
-        check_temperature(temperature, targets.shape, hidden.device)
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
     impl = resolve_impl(impl, hidden.device)
     targets = targets.long()
     _check_targets_range(targets, weight.shape[0], int(ignore_index))

@@ -9,7 +9,7 @@ from .params import MIN_TEMPERATURE, LogprobParams
 from .sampled import SampledLogprobs, token_logprobs_sampled
 from .sampling import truncation
 
-__all__ = ["check_temperature", "sampled_token_logprobs", "token_logprobs"]
+__all__ = ["check_call", "check_temperature", "sampled_token_logprobs", "token_logprobs"]
 
 
 def check_temperature(temperature, shape: tuple, device: torch.device) -> None:
@@ -73,6 +73,17 @@ def _check_inputs(hidden, weight, targets, bias, temperature, sharded: bool = Fa
             f"temperature must be a finite number >= {MIN_TEMPERATURE} (smaller ones overflow float32 logits), "
             f"got {temperature}"
         )
+
+
+def check_call(hidden, weight, targets, bias, temperature, ignore_index) -> None:
+    """The checks every hidden-states op shares: shapes, dtypes and devices, the temperature (a float, or a
+    per-token tensor shaped like targets) and an int `ignore_index`; raises naming the bad value."""
+    per_token = isinstance(temperature, torch.Tensor)
+    _check_inputs(hidden, weight, targets, bias, 1.0 if per_token else temperature)
+    if per_token:
+        check_temperature(temperature, targets.shape, hidden.device)
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
 
 
 def _check_targets_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
@@ -220,12 +231,8 @@ def sampled_token_logprobs(
 ) -> SampledLogprobs:  # fmt: skip
     """`token_logprobs` with the sampler's options (docs/math.md §8), every output in one SampledLogprobs shaped
     like targets, `outside` included (the target is not in the kept set; all False when nothing is dropped)."""
+    check_call(hidden, weight, targets, bias, temperature, ignore_index)
     per_token = isinstance(temperature, torch.Tensor)
-    _check_inputs(hidden, weight, targets, bias, 1.0 if per_token else temperature)
-    if per_token:
-        check_temperature(temperature, targets.shape, hidden.device)
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__} {ignore_index!r}")
     softcap = _check_softcap(softcap)
     vocab, lead = weight.shape[0], targets.shape
     trunc = truncation(top_k, top_p, min_p, lead, vocab, hidden.device)
