@@ -8,7 +8,7 @@ import torch
 
 from .params import LogprobParams
 
-__all__ = ["sampled_logprobs_reference", "token_logprobs_reference"]
+__all__ = ["sampled_logits", "sampled_logprobs_reference", "token_logprobs_reference"]
 
 
 def token_logprobs_reference(
@@ -72,6 +72,20 @@ def _vllm_kept(z: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
     return kept
 
 
+def sampled_logits(hidden, weight, bias, softcap, temperature) -> torch.Tensor:
+    """The final logits the sampler sees, materialized: softcap(h·Wᵀ + b) / τ `[N, V]` (τ a float or `[N]`), the
+    GEMM in the weight's dtype, the rest in float64 for float64 hidden states, else float32."""
+    compute = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    x = hidden.to(weight.dtype) @ weight.T
+    if bias is not None:
+        x = x + bias
+    x = x.to(compute)
+    if softcap is not None:
+        x = softcap * torch.tanh(x / softcap)
+    tau = temperature.to(compute).unsqueeze(-1) if isinstance(temperature, torch.Tensor) else temperature
+    return x / tau
+
+
 def sampled_logprobs_reference(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -94,15 +108,7 @@ def sampled_logprobs_reference(
 
     Returns: {"logp", "entropy", "kept" `[N, V]`, and with return_topk "topk_ids", "topk_logprobs"}.
     """
-    compute = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-    x = hidden.to(weight.dtype) @ weight.T
-    if bias is not None:
-        x = x + bias
-    x = x.to(compute)
-    if softcap is not None:
-        x = softcap * torch.tanh(x / softcap)
-    tau = temperature.to(compute).unsqueeze(-1) if isinstance(temperature, torch.Tensor) else temperature
-    z = x / tau
+    z = sampled_logits(hidden, weight, bias, softcap, temperature)
     with torch.no_grad():
         kept = _vllm_kept(z.detach(), top_k, top_p, min_p)
     z_s = z.masked_fill(~kept, float("-inf"))

@@ -11,6 +11,7 @@ import torch
 
 from fastrl.kernels import LogprobParams
 from fastrl.kernels.logprobs.function import token_logprobs_triton
+from fastrl.kernels.logprobs.naive import sampled_logits
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-4, torch.bfloat16: 4e-3}
 NAME = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -22,19 +23,6 @@ MIN_GAP = 2e-5
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
     monkeypatch.setenv("FASTRL_POISON", "1")
-
-
-def final_logits(hidden, weight, bias, softcap, temperature):
-    """Eager logits in the weight's dtype (float64 for the ground truth), then float32 / float64 math."""
-    compute = torch.float64 if weight.dtype == torch.float64 else torch.float32
-    x = hidden.to(weight.dtype) @ weight.T
-    if bias is not None:
-        x = x + bias
-    x = x.to(compute)
-    if softcap is not None:
-        x = softcap * torch.tanh(x / softcap)
-    tau = temperature.to(compute).unsqueeze(-1) if isinstance(temperature, torch.Tensor) else temperature
-    return x / tau
 
 
 def sampler_theta(z, top_k=None, top_p=None, min_p=None):
@@ -61,7 +49,7 @@ def sampler_theta(z, top_k=None, top_p=None, min_p=None):
 
 def sampled_reference(hidden, weight, targets, bias, theta, temperature, softcap, entropy, ignore_index=-100):
     """(logp, entropy or None) of the kept set {z ≥ θ}, held fixed under autograd; ignored rows give 0."""
-    z = final_logits(hidden, weight, bias, softcap, temperature)
+    z = sampled_logits(hidden, weight, bias, softcap, temperature)
     keep = (z >= theta.to(z.dtype).unsqueeze(-1)).detach()
     zk = z.masked_fill(~keep, float("-inf"))
     lse = torch.logsumexp(zk, -1)
@@ -138,7 +126,7 @@ def test_sampled_logprobs_match_float64(case):
     if temperature == "tok":
         temperature = torch.rand(n) + 0.5
     up = lambda t: None if t is None else t.double()  # noqa: E731
-    z64 = final_logits(up(hidden), up(weight), up(bias), softcap, temperature)
+    z64 = sampled_logits(up(hidden), up(weight), up(bias), softcap, temperature)
     theta, gap = sampler_theta(z64, top_k, top_p, min_p)
     assert gap.min() > MIN_GAP, gap.min()
     targets = torch.randint(0, v, (n,))
@@ -185,7 +173,7 @@ def test_saturated_softcap_and_banned_tokens_stay_finite():
     bias = torch.randn(200)
     bias[::17] = float("-inf")
     targets = torch.randint(0, 200, (33,))
-    z64 = final_logits(hidden.double(), weight.double(), bias.double(), 10.0, 1.0)
+    z64 = sampled_logits(hidden.double(), weight.double(), bias.double(), 10.0, 1.0)
     theta = torch.zeros(33)
     theta[::2] = float("-inf")
     assert z64.abs().min() > MIN_GAP
