@@ -27,6 +27,7 @@ def fused_logprob_grads(
     temperature: float | torch.Tensor = 1.0,
     ignore_index: int = -100,
     entropy: bool = False,
+    entropy_grad: bool = True,
     impl: str = "auto",
 ):
     """Per-token logp (and entropy) and, from the same pass, the gradients of L = Σ ℓ(logp, H).
@@ -37,6 +38,8 @@ def fused_logprob_grads(
             called once per chunk of live tokens, in order.
         bias: `[V]` or None. temperature: a float > 0 or a tensor of targets' shape.
         entropy: compute the entropy (token_grad may then return ∂L/∂H, or None when L does not use it).
+        entropy_grad: False promises that token_grad returns None for ∂L/∂H (the entropy is a metric), which
+            lets the float32 CPU walk form the entropy from its d_hidden GEMM (lean.py); a ∂L/∂H then raises.
         impl: "auto", "triton" (Triton fold / ∂z epilogue, GEMMs in torch) or "torch".
 
     Returns:
@@ -52,7 +55,7 @@ def fused_logprob_grads(
     flat = torch.where(targets == ignore_index, -1, targets).reshape(-1)
     tau = temperature.float().reshape(-1) if per_token else float(temperature)
     needs = tuple(t is not None and t.requires_grad for t in (hidden, weight, bias))
-    params = FusedLossParams(impl=impl, entropy=bool(entropy), needs=needs)
+    params = FusedLossParams(impl=impl, entropy=bool(entropy), needs=needs, entropy_grad=bool(entropy_grad))
     with torch.no_grad(), no_autocast(hidden):
         h2 = hidden.detach().reshape(flat.numel(), hidden.shape[-1])
         b = None if bias is None else bias.detach()
@@ -104,5 +107,6 @@ def policy_loss_grads(
         temperature=temperature,
         ignore_index=ignore_index,
         entropy=entropy or params.entropy_coef != 0,
+        entropy_grad=params.entropy_coef != 0,
         impl=impl,
     )

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from .lean import lean_applies, lean_forward
 from .params import FusedLossParams
 
 __all__ = ["fused_rows", "fused_forward"]
@@ -128,6 +129,9 @@ def fused_forward(hidden, weight, bias, targets, tau, token_grad, params: FusedL
     n, d = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
+    rows = fused_rows(v, dev)
+    if lean_applies(hidden, weight, params):
+        return lean_forward(hidden, weight, bias, targets, tau, token_grad, params, rows)
     live = torch.nonzero(targets >= 0).squeeze(-1)
     logp = torch.zeros(n, dtype=torch.float32, device=dev)
     entropy = torch.zeros(n, dtype=torch.float32, device=dev) if params.entropy else None
@@ -135,7 +139,6 @@ def fused_forward(hidden, weight, bias, targets, tau, token_grad, params: FusedL
     d_hidden = torch.zeros(n, d, dtype=hidden.dtype, device=dev) if need_h else None
     d_weight = torch.zeros(v, d, dtype=torch.float32, device=dev) if need_w else None
     d_bias = torch.zeros(v, dtype=torch.float32, device=dev) if need_b else None
-    rows = fused_rows(v, dev)
     tile = torch.empty(min(rows, live.numel()), v, dtype=torch.float32, device=dev)
     low = hidden.dtype != torch.float32
     # the Triton epilogue writes ∂z straight in the GEMM dtype; the torch fold casts its float32 tile
