@@ -3,12 +3,14 @@
 Forward walks the tokens in chunks, builds one `[C, V]` logit tile at a time and keeps only the
 O(N) statistics (logp, entropy, and each row's logsumexp as its max and log Σ exp(z − max), kept apart:
 log p = (z − max) − log Σ is then exact to the precision of log p, not to an ulp of a large logit, which the
-entropy gradient at small H needs). Backward walks the vocabulary in `[N, V_chunk]` tiles, recomputed from
-hidden, weight and those two statistics, and forms d_weight, d_bias and (accumulated in
-float32) d_hidden; when only logp carries a gradient (float32), the per-row factors of ∂z move onto the
-GEMMs' `[N, D]` operands so a tile takes two elementwise passes. Ignored rows are left out of every tile.
-Tiles stay near `FASTRL_CHUNK_BYTES` (default: 1/8 of the full logits, within 32–128 MiB). The math is
-docs/math.md §1; the autograd Function that runs these two passes is in function.py.
+entropy gradient at small H needs). A float32 CPU forward without the entropy builds vocab_major.py's
+`[V, C]` tile instead, each row shifted by its target logit, which keeps that property. Backward walks the
+vocabulary in `[N, V_chunk]` tiles, recomputed from hidden, weight and those two statistics, and forms
+d_weight, d_bias and (accumulated in float32) d_hidden; when only logp carries a gradient (float32), the
+per-row factors of ∂z move onto the GEMMs' `[N, D]` operands so a tile takes two elementwise passes. Ignored
+rows are left out of every tile. Tiles stay near `FASTRL_CHUNK_BYTES` (default: 1/8 of the full logits,
+within 32–128 MiB). The math is docs/math.md §1; the autograd Function that runs these two passes is in
+function.py.
 """
 
 import os
@@ -16,6 +18,7 @@ import os
 import torch
 
 from .params import LogprobParams
+from .vocab_major import logits_t, shifted_exp_t
 
 __all__ = ["chunk_bytes", "chunk_cols", "chunk_rows", "chunked_backward", "chunked_forward", "no_autocast"]
 
@@ -82,6 +85,9 @@ def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
     entropy = torch.zeros(n, dtype=torch.float32, device=dev) if params.return_entropy else None
     n_live = n if live is None else live.numel()
     rows = chunk_rows(v, n_live)
+    if entropy is None and dev.type == "cpu" and hidden.dtype == weight.dtype == torch.float32:
+        _vocab_major_forward(hidden, weight, targets, bias, params.temperature, live, rows, logp, lse)
+        return logp, entropy, lse
     tile = torch.empty(min(rows, n_live), v, dtype=torch.float32, device=dev)
     for start in range(0, n_live, rows):
         stop = min(n_live, start + rows)
@@ -99,6 +105,22 @@ def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
             _finite_log_p(z.sub_(c_log_sum))  # z is now log p
             entropy[idx] = -z.exp().mul_(z).sum(-1)
     return logp, entropy, lse
+
+
+def _vocab_major_forward(hidden, weight, targets, bias, tau, live, rows, logp, lse):
+    # float32 on the CPU without the entropy: vocab_major.py's tile, shifted by the target logit (lse[0] then
+    # holds that shift, lse[1] log Σ exp(z − shift): the backward needs only their roles, not the max)
+    n_live = hidden.shape[0] if live is None else live.numel()
+    tile = torch.empty(weight.shape[0], min(rows, n_live), dtype=torch.float32, device=hidden.device)
+    for start in range(0, n_live, rows):
+        stop = min(n_live, start + rows)
+        idx = slice(start, stop) if live is None else live[start:stop]
+        x, y = hidden[idx].contiguous(), targets[idx]
+        e = logits_t(x, weight, bias, tau, tile[:, : stop - start])
+        z_y, shift, s = shifted_exp_t(e, x, weight, bias, tau, y)
+        log_s = s.log_()
+        lse[0, idx], lse[1, idx] = shift, log_s
+        logp[idx] = z_y.sub_(shift).sub_(log_s)
 
 
 def _live_index(targets, ignore_index):

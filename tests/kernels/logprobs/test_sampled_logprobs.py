@@ -157,8 +157,9 @@ def test_off_values_are_the_plain_call():
     off = fastrl.token_logprobs(hidden, weight, targets, bias=bias, return_entropy=True, top_k=0, top_p=1.0,
                                 min_p=0.0)  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(plain, off))
+    plain_logp = fastrl.token_logprobs(hidden, weight, targets, bias=bias)  # the same call without the entropy
     for k in (-1, V):
-        assert torch.equal(fastrl.token_logprobs(hidden, weight, targets, bias=bias, top_k=k), plain[0])
+        assert torch.equal(fastrl.token_logprobs(hidden, weight, targets, bias=bias, top_k=k), plain_logp)
 
 
 def test_per_row_settings_broadcast_over_the_sequence():

@@ -1,0 +1,50 @@
+"""The vocab-major float32 tile of the CPU walks: `eᵀ [V, C]`, each row shifted by its target's logit.
+
+On the CPU (MKL), `W·hᵀ` into a `[V, C]` buffer, then `(eᵀ)ᵀ·W` and `eᵀ·h`, are the GEMM layouts that run
+fastest at a few hundred rows; the row-major `h·Wᵀ` runs ~15% slower there. Each row is shifted by its target
+logit, not its max: e = exp(z − z_y) holds e_y = 1 exactly, so s = Σ e ≥ 1 and log p_y = −log s keeps full
+precision near p_y = 1, as the max shift does, without a pass for the max. A row whose s passes 2¹⁰⁰ (a target
+with p_y below ~e⁻⁶⁹, or a banned one) is redone with the max shift. Used by chunked.py's forward and the
+gradient-in-forward loss (fused_loss/lean.py).
+"""
+
+import torch
+
+__all__ = ["S_MAX", "logits_t", "shifted_exp_t"]
+
+S_MAX = 2.0**100  # above it, e / s and the GEMMs of e keep too little headroom: the row takes the max shift
+
+
+def logits_t(h, weight, bias, tau, out):
+    """out = (W·hᵀ + b) / τ, `[V, C]` float32; τ a float or a `[C]` tensor (a division, as eager's z / τ)."""
+    if bias is None:
+        torch.mm(weight, h.T, out=out)
+    else:
+        torch.addmm(bias.unsqueeze(-1), weight, h.T, out=out)
+    if isinstance(tau, torch.Tensor) or tau != 1.0:
+        out.div_(tau)
+    return out
+
+
+def shifted_exp_t(e, h, weight, bias, tau, targets):
+    """In place, the logits `e = logits_t(h, ...)` become exp(z − shift); returns (z_y, shift, s), each `[C]`.
+
+    shift is z_y, or max z for the rows whose s would pass S_MAX (recomputed from h), so that
+    log p_y = z_y − shift − log s and p_v = e_v / s.
+    """
+    z_y = e.gather(0, targets.unsqueeze(0)).squeeze(0)
+    shift = z_y.clone()
+    e.sub_(z_y).exp_()  # the target's column is exactly 1
+    s = e.sum(0)
+    over = torch.nonzero(~(s <= S_MAX)).squeeze(-1)  # NaN (a −inf or +inf target logit) lands here too
+    if over.numel():
+        tau_r = tau.index_select(0, over) if isinstance(tau, torch.Tensor) else tau
+        z = torch.empty(e.shape[0], over.numel(), dtype=e.dtype, device=e.device)
+        z = logits_t(h.index_select(0, over), weight, bias, tau_r, z)
+        z_max = z.amax(0)
+        z_y[over] = z.gather(0, targets[over].unsqueeze(0)).squeeze(0)
+        shift[over] = z_max
+        e_rows = z.sub_(z_max).exp_()
+        e[:, over] = e_rows
+        s[over] = e_rows.sum(0)
+    return z_y, shift, s
