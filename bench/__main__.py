@@ -118,6 +118,7 @@ def run(args) -> tuple[dict, list[Result]]:
                     results.append(r)
                     progress(r, time.perf_counter() - start)
     env["wall_s"] = round(time.perf_counter() - start, 1)
+    env["floor_tilings"] = {" ".join(map(str, k)): list(v) for k, v in floor_tiles.CHOSEN.items()}
     env["load_average_end"] = load_average()
     return env, results
 
@@ -145,9 +146,7 @@ def render(env: dict, results: list[Result], args) -> str:
 
         body.insert(0, verdict_table(results))
         if floor_tiles.CHOSEN:
-            lines.append("- floor tilings (rows per tile, best of " + ", ".join(map(str, floor_tiles.TILE_ROWS))
-                         + " and the whole batch): " + ", ".join(f"N={k[0]} D={k[1]} V={k[2]} {k[3]}: {v}"
-                                                                 for k, v in floor_tiles.CHOSEN.items()))  # fmt: skip
+            lines.append(floor_tiles.tilings_line())
     return "\n".join(lines) + "\n" + "\n".join(body) + "\n"
 
 

@@ -158,15 +158,35 @@ def test_a_candidate_beating_a_floor_is_an_error():
 
 
 def test_floors_time_the_gemms_over_their_rows():
-    from bench.floors import blas_floor, recompute_floor
+    from bench import floors
 
     h, w = torch.randn(37, 8, requires_grad=True), torch.randn(50, 8, requires_grad=True)
-    for floor in (blas_floor, recompute_floor):
-        out = floor(h, w)
-        dh, dw = torch.autograd.grad(out, (h, w), torch.ones(37))
-        z = h.detach() @ w.detach().T  # the floor's "gradient" is z·W and zᵀ·h: the GEMMs, checked for shape
+    z = h.detach() @ w.detach().T  # the floor's "gradient" is z·W and zᵀ·h: the GEMMs, checked for shape
+    for layout in floors.LAYOUTS:
+        for rows in (5, 16, 37):  # a short last tile, and the whole batch
+            dh, dw = torch.empty(37, 8), torch.zeros(50, 8)
+            floors._gemms(h.detach(), w.detach(), layout, rows, (dh, dw))
+            torch.testing.assert_close(dh, z @ w.detach())
+            torch.testing.assert_close(dw, z.T @ h.detach())
+    for floor in (floors.blas_floor, floors.recompute_floor):
+        dh, dw = torch.autograd.grad(floor(h, w), (h, w), torch.ones(37))
         torch.testing.assert_close(dh, z @ w.detach())
         torch.testing.assert_close(dw, z.T @ h.detach())
+
+
+def test_floor_calibration_records_a_layout_and_rows(monkeypatch):
+    from bench import floors
+
+    monkeypatch.setattr(floors, "CHOSEN", {})
+    monkeypatch.setattr(floors, "TILE_ROWS", (8, 16))
+    assert floors.candidates(37) == [(lay, r) for lay in ("z", "zT") for r in (8, 16, 37)]
+    h, w = torch.randn(37, 8), torch.randn(50, 8)
+    floors.blas_floor(h, w)
+    floors.recompute_floor(h, w)
+    assert set(floors.CHOSEN) == {(37, 8, 50, "blas"), (37, 8, 50, "recompute")}
+    assert all(c in floors.candidates(37) for c in floors.CHOSEN.values())
+    layout, rows = floors.CHOSEN[37, 8, 50, "blas"]
+    assert f"N=37 D=8 V=50 blas: {layout}, {rows} rows" in floors.tilings_line()
 
 
 def test_cli_acceptance_prints_a_verdict(tmp_path, monkeypatch):
