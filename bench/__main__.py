@@ -21,6 +21,7 @@ import torch
 from bench import floors as floor_tiles
 from bench import report
 from bench.harness import Result, Settings, ShapeCache, environment, load_average, run_group
+from bench.plant import planted_lines, planted_slowdown
 
 OPS = ("token_logprobs", "grpo_loss")
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,6 +42,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--rewards", action="store_true", help="also run bench/bench_rewards.py (verifier throughput)")
+    p.add_argument(
+        "--plant-slowdown",
+        type=float,
+        default=None,
+        metavar="F",
+        help="slow every call of fastrl's chunked kernels by F × its own time (a test of the verdict; the "
+        "report and the file names say so)",
+    )
     return p.parse_args(argv)
 
 
@@ -125,7 +134,8 @@ def run(args) -> tuple[dict, list[Result]]:
 
 def render(env: dict, results: list[Result], args) -> str:
     gpu = env["device_type"] == "cuda"
-    lines = [
+    lines = planted_lines(env["planted_slowdown"]) if env.get("planted_slowdown") else []
+    lines += [
         f"- date: {env['timestamp_utc']}",
         f"- device: {env['device']}",
         f"- torch {env['torch']}, triton {env['triton']}, python {env['python']}, git {env['git_sha']}",
@@ -165,13 +175,20 @@ def run_rewards(out_dir: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    env, results = run(args)
+    if args.plant_slowdown is None:
+        env, results = run(args)
+    else:
+        with planted_slowdown(args.plant_slowdown) as record:
+            env, results = run(args)
+        env["planted_slowdown"] = record
     os.makedirs(args.out, exist_ok=True)
     text = render(env, results, args)
     if args.rewards:
         text += run_rewards(args.out)
     print("\n" + text)
-    stem = "acceptance" if args.acceptance else ("quick" if args.quick else "full")
+    stem = ("acceptance" if args.acceptance else ("quick" if args.quick else "full")) + (
+        "_planted" if args.plant_slowdown is not None else ""
+    )
     base = os.path.join(args.out, f"{env['device_type']}_{stem}")
     report.write_json(base + ".json", env, results)
     with open(base + ".md", "w") as f:

@@ -1,7 +1,14 @@
-"""Which floor binds which candidate, and the planted slow-down, on synthetic rows and tiny shapes (~15 s)."""
+"""Which floor binds which candidate, and the planted slow-down, on synthetic rows and tiny shapes (~10 s)."""
 
+import json
 
-
+import bench.bench_grpo_loss as grpo_bench
+import bench.bench_token_logprobs as tlp_bench
+import fastrl.kernels.fused_loss.api as fused_api
+import fastrl.kernels.logprobs.chunked as logprobs_chunked
+import fastrl.kernels.logprobs.function as logprobs_function
+from bench import __main__ as cli
+from bench import verdict
 from bench.harness import Result
 from bench.verdict import floor_rows, recompute_bound
 
@@ -49,3 +56,27 @@ def test_the_blas_floor_binds_every_candidate():
     rows = _floors() + [_row("cce", 55.0, mib=2 * LOGITS_MIB), _row("fastrl-torch", 59.0, mib=50.0), _row("trl", 61.0)]
     assert _errors(rows) == {("cce", "blas-floor"), ("fastrl-torch", "blas-floor"),
                              ("fastrl-torch", "recompute-floor"), ("trl", "recompute-floor")}  # fmt: skip
+
+
+def test_a_planted_slowdown_fires_and_the_run_says_it_is_planted(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tlp_bench, "ACCEPTANCE", dict(N=96, D=16, V=300))
+    monkeypatch.setattr(grpo_bench, "ACCEPTANCE", dict(B=2, T=24, D=16, V=300))
+    out = tmp_path / "out"
+    argv = ["--device", "cpu", "--acceptance", "--reps", "2", "--no-memory", "--out", str(out),
+            "--providers", "eager,fastrl-torch", "--plant-slowdown", "0.15"]  # fmt: skip
+    originals = (fused_api.fused_forward, logprobs_function.chunked_forward, logprobs_chunked.chunked_backward)
+    assert cli.main(argv) == 0
+    data = json.loads((out / "cpu_acceptance_planted.json").read_text())
+    planted = data["environment"]["planted_slowdown"]
+    assert planted["fraction"] == 0.15 and planted["delay_s"] > 0
+    assert all(n > 0 for n in planted["calls"].values()), planted  # each of the three walks was slowed
+    assert set(planted["calls"]) == {"fused_forward", "chunked_forward", "chunked_backward"}
+    text = (out / "cpu_acceptance_planted.md").read_text()
+    assert text.startswith("- **PLANTED SLOW-DOWN — NOT A REAL RUN**") and "0.15" in text.splitlines()[0]
+    assert not (out / "cpu_acceptance.json").exists()  # a planted run never takes a real run's file name
+    # the kernels are themselves again afterwards
+    assert (fused_api.fused_forward, logprobs_function.chunked_forward, logprobs_chunked.chunked_backward) == originals
+    assert not hasattr(fused_api.fused_forward, "__wrapped__")
+    capsys.readouterr()
+    verdict.main([str(out / "cpu_acceptance_planted.json")])
+    assert "PLANTED SLOW-DOWN" in capsys.readouterr().out

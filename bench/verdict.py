@@ -156,6 +156,10 @@ def main(argv=None) -> int:
         with open(path) as f:
             data = json.load(f)
         env = data["environment"]
+        if env.get("planted_slowdown"):
+            from bench.plant import planted_lines
+
+            print("\n".join(planted_lines(env["planted_slowdown"])))
         print(f"- `{env['command']}` at {env['timestamp_utc']}, git {env['git_sha']}, wall {env.get('wall_s')} s, "
               f"load {env['load_average_start']} → {env.get('load_average_end')}")  # fmt: skip
         results += [Result(**r) for r in data["results"]]
