@@ -3,6 +3,7 @@
     python -m bench --device cpu --quick            # ≤ 3 min on 2 cores: smoke sweep + memory scaling
     python -m bench --device cpu                    # full CPU sweep (fp32), tens of minutes
     python -m bench --device cpu --acceptance       # headline points: N=8192 D=512 V=32768 fp32 fwd+bwd
+    python -m bench --device cpu --acceptance --plant-slowdown 0.15   # fastrl 15% slower: must FAIL
     PYTHONPATH=. python -m bench --device cuda      # one H200: bf16 sweep, ≤ 5 min (see --budget-s)
 
 Every provider is first checked against the eager reference in the same run; a failed check is shown
