@@ -114,9 +114,9 @@ def recompute_floor(hidden, weight):
 
 
 def tilings_line() -> str:
-    """The report's line naming each floor's pick, e.g. `N=7772 D=512 V=32768 blas: zT, 512 rows`."""
+    """The report's line naming each floor's pick, e.g. `N_live=7772 D=512 V=32768 blas: zT, 512 rows`."""
     return (
         f"- floor tilings (layout z `[C, V]` or zT `[V, C]` × rows per tile C in {', '.join(map(str, TILE_ROWS))} "
         "and the whole batch, each timed twice, the fastest kept): "
-        + ", ".join(f"N={k[0]} D={k[1]} V={k[2]} {k[3]}: {lay}, {rows} rows" for k, (lay, rows) in CHOSEN.items())
+        + ", ".join(f"N_live={k[0]} D={k[1]} V={k[2]} {k[3]}: {lay}, {rows} rows" for k, (lay, rows) in CHOSEN.items())
     )

@@ -190,7 +190,7 @@ def test_floor_calibration_records_a_layout_and_rows(monkeypatch):
     assert set(floors.CHOSEN) == {(37, 8, 50, "blas"), (37, 8, 50, "recompute")}
     assert all(c in floors.candidates(37) for c in floors.CHOSEN.values())
     layout, rows = floors.CHOSEN[37, 8, 50, "blas"]
-    assert f"N=37 D=8 V=50 blas: {layout}, {rows} rows" in floors.tilings_line()
+    assert f"N_live=37 D=8 V=50 blas: {layout}, {rows} rows" in floors.tilings_line()
 
 
 def test_cli_acceptance_prints_a_verdict(tmp_path, monkeypatch):
