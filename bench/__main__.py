@@ -3,6 +3,7 @@
     python -m bench --device cpu --quick            # ≤ 3 min on 2 cores: smoke sweep + memory scaling
     python -m bench --device cpu                    # full CPU sweep (fp32), tens of minutes
     python -m bench --device cpu --acceptance       # headline points: N=8192 D=512 V=32768 fp32 fwd+bwd
+    python -m bench --device cpu --acceptance --plant-slowdown 0.15   # fastrl 15% slower: must FAIL
     PYTHONPATH=. python -m bench --device cuda      # one H200: bf16 sweep, ≤ 5 min (see --budget-s)
 
 Every provider is first checked against the eager reference in the same run; a failed check is shown
@@ -21,6 +22,7 @@ import torch
 from bench import floors as floor_tiles
 from bench import report
 from bench.harness import Result, Settings, ShapeCache, environment, load_average, run_group
+from bench.plant import planted_lines, planted_slowdown
 
 OPS = ("token_logprobs", "grpo_loss")
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,6 +43,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--rewards", action="store_true", help="also run bench/bench_rewards.py (verifier throughput)")
+    p.add_argument(
+        "--plant-slowdown",
+        type=float,
+        default=None,
+        metavar="F",
+        help="slow every call of fastrl's chunked kernels by F × its own time (a test of the verdict; the "
+        "report and the file names say so)",
+    )
     return p.parse_args(argv)
 
 
@@ -118,13 +128,15 @@ def run(args) -> tuple[dict, list[Result]]:
                     results.append(r)
                     progress(r, time.perf_counter() - start)
     env["wall_s"] = round(time.perf_counter() - start, 1)
+    env["floor_tilings"] = {" ".join(map(str, k)): list(v) for k, v in floor_tiles.CHOSEN.items()}
     env["load_average_end"] = load_average()
     return env, results
 
 
 def render(env: dict, results: list[Result], args) -> str:
     gpu = env["device_type"] == "cuda"
-    lines = [
+    lines = planted_lines(env["planted_slowdown"]) if env.get("planted_slowdown") else []
+    lines += [
         f"- date: {env['timestamp_utc']}",
         f"- device: {env['device']}",
         f"- torch {env['torch']}, triton {env['triton']}, python {env['python']}, git {env['git_sha']}",
@@ -145,9 +157,7 @@ def render(env: dict, results: list[Result], args) -> str:
 
         body.insert(0, verdict_table(results))
         if floor_tiles.CHOSEN:
-            lines.append("- floor tilings (rows per tile, best of " + ", ".join(map(str, floor_tiles.TILE_ROWS))
-                         + " and the whole batch): " + ", ".join(f"N={k[0]} D={k[1]} V={k[2]} {k[3]}: {v}"
-                                                                 for k, v in floor_tiles.CHOSEN.items()))  # fmt: skip
+            lines.append(floor_tiles.tilings_line())
     return "\n".join(lines) + "\n" + "\n".join(body) + "\n"
 
 
@@ -166,13 +176,20 @@ def run_rewards(out_dir: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    env, results = run(args)
+    if args.plant_slowdown is None:
+        env, results = run(args)
+    else:
+        with planted_slowdown(args.plant_slowdown) as record:
+            env, results = run(args)
+        env["planted_slowdown"] = record
     os.makedirs(args.out, exist_ok=True)
     text = render(env, results, args)
     if args.rewards:
         text += run_rewards(args.out)
     print("\n" + text)
-    stem = "acceptance" if args.acceptance else ("quick" if args.quick else "full")
+    stem = ("acceptance" if args.acceptance else ("quick" if args.quick else "full")) + (
+        "_planted" if args.plant_slowdown is not None else ""
+    )
     base = os.path.join(args.out, f"{env['device_type']}_{stem}")
     report.write_json(base + ".json", env, results)
     with open(base + ".md", "w") as f:

@@ -1,8 +1,9 @@
 """One configuration's peak CPU memory, measured in a fresh interpreter.
 
 Started by `harness.cpu_peak_in_subprocess` with a JSON spec (op, provider, shape, dtype, mode,
-seed); prints one JSON line: the peak RSS over the baseline (inputs allocated, warm-up done) and the
-bytes of the gradients the op must return, which the report subtracts to get the extra memory.
+seed; for a floor, the tilings its parent picked, so the child measures those); prints one JSON line:
+the peak RSS over the baseline (inputs allocated, warm-up done) and the bytes of the gradients the op
+must return, which the report subtracts to get the extra memory.
 """
 
 import importlib
@@ -11,6 +12,7 @@ import sys
 
 import torch
 
+from bench.floors import CHOSEN
 from bench.harness import DTYPES, rss_peak_bytes
 
 
@@ -18,6 +20,8 @@ def main(spec: dict) -> dict:
     op = importlib.import_module(f"bench.bench_{spec['op']}").OP
     provider = op.providers[spec["provider"]]
     device = torch.device("cpu")
+    for n, d, v, kind, layout, rows in spec.get("floor_tilings", ()):
+        CHOSEN[n, d, v, kind] = (layout, rows)
     dtype = DTYPES[spec["dtype"]]
     if not provider.compiles:
         # thread pools, lazy imports and library handles come up here, not in the measured call

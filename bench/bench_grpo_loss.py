@@ -97,6 +97,9 @@ class GrpoLossOp:
     def reference(self, inputs: dict) -> dict:
         return self.closure(self.providers[self.baseline], inputs, "fwd+bwd", "check")()
 
+    def live_rows(self, inputs: dict) -> int:
+        return int(inputs["rest"][1].sum())  # the mask
+
     def grad_bytes(self, inputs: dict, mode: str) -> int:
         if mode == "fwd":
             return 0

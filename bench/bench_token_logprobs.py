@@ -141,6 +141,9 @@ class TokenLogprobsOp:
                     logp[sl] = token_logprobs_reference(h[sl], w, t[sl], None, params)[0]
         return {"logp": logp, "hidden.grad": dh, "weight.grad": dw}
 
+    def live_rows(self, inputs: dict) -> int:
+        return int((inputs["targets"] != IGNORE_INDEX).sum())
+
     def grad_bytes(self, inputs: dict, mode: str) -> int:
         if mode == "fwd":
             return 0

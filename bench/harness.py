@@ -49,6 +49,7 @@ class Result:
     extra_mib: float | None = None  # peak_mib minus the gradient buffers the op must return
     tflops: float | None = None  # nominal FLOPs (docs/math.md §1 floor) / median time
     pct_ceiling: float | None = None  # tflops / the bf16 matmul rate measured in the same run
+    live_rows: int | None = None  # the rows every provider must score (not ignored / masked), from the inputs
 
     @property
     def measured(self) -> bool:
@@ -252,6 +253,7 @@ def _check(op, provider, shape, dtype_name, mode, device, settings, cache):
     try:
         inputs = cache.get(key, "inputs", lambda: op.make_inputs(shape, dtype, device, settings.seed))
         reference = cache.get(key, "reference", lambda: op.reference(inputs))
+        res.live_rows = op.live_rows(inputs) if hasattr(op, "live_rows") else None
     except Exception as exc:  # the eager reference itself did not fit: nothing can be checked at this shape
         return _failure(res, exc, "eager reference failed: "), None
     if provider.floor:
@@ -345,6 +347,10 @@ def run_group(
                 "mode": mode,
                 "seed": settings.seed,
             }
+            if p.floor:  # the child measures the tiling timed here, without calibrating again
+                from bench.floors import CHOSEN
+
+                spec["floor_tilings"] = [list(k) + list(v) for k, v in CHOSEN.items()]
             child = cpu_peak_in_subprocess(spec)
             if "error" in child:
                 res.note = child["error"]

@@ -31,7 +31,7 @@ class Provider:
     unavailable: Callable[[torch.device], str | None]  # the reason it cannot run there, or None
     compiles: bool = False  # the first call compiles: warm up at the full shape before measuring memory
     floor: bool = False  # a lower bound to time (no correct outputs): not checked against the reference
-    recomputes: bool = False  # keeps no [N, V] tensor and recomputes the logits: recompute-floor bounds it
+    recomputes: bool = False  # recomputes the logits; recompute-floor binds it by this flag when memory is unmeasured
 
 
 def always(device: torch.device) -> str | None:

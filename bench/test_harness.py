@@ -1,6 +1,6 @@
 """The harness's honesty rules, tested on tiny CPU shapes: `pytest bench/test_harness.py` (~1 min).
 
-Skipped under `--benchmark-only` (they time nothing); bench/ is outside the default testpaths.
+Skipped under `--benchmark-only` (they time nothing); in the default testpaths (pyproject.toml), so CI runs them.
 """
 
 import json
@@ -11,10 +11,14 @@ import torch
 
 import bench.bench_grpo_loss as grpo_bench
 import bench.bench_token_logprobs as tlp_bench
+import fastrl.kernels.fused_loss.api as fused_api
+import fastrl.kernels.logprobs.chunked as logprobs_chunked
+import fastrl.kernels.logprobs.function as logprobs_function
 from bench import __main__ as cli
-from bench import report
+from bench import report, verdict
 from bench.harness import Result, Settings, ShapeCache, quantiles, rss_peak_bytes, run_config
 from bench.providers import Provider, always, eager_token_logprobs
+from bench.verdict import floor_rows, recompute_bound
 
 CPU = torch.device("cpu")
 TINY = dict(N=77, D=40, V=1001)
@@ -158,15 +162,35 @@ def test_a_candidate_beating_a_floor_is_an_error():
 
 
 def test_floors_time_the_gemms_over_their_rows():
-    from bench.floors import blas_floor, recompute_floor
+    from bench import floors
 
     h, w = torch.randn(37, 8, requires_grad=True), torch.randn(50, 8, requires_grad=True)
-    for floor in (blas_floor, recompute_floor):
-        out = floor(h, w)
-        dh, dw = torch.autograd.grad(out, (h, w), torch.ones(37))
-        z = h.detach() @ w.detach().T  # the floor's "gradient" is z·W and zᵀ·h: the GEMMs, checked for shape
+    z = h.detach() @ w.detach().T  # the floor's "gradient" is z·W and zᵀ·h: the GEMMs, checked for shape
+    for layout in floors.LAYOUTS:
+        for rows in (5, 16, 37):  # a short last tile, and the whole batch
+            dh, dw = torch.empty(37, 8), torch.zeros(50, 8)
+            floors._gemms(h.detach(), w.detach(), layout, rows, (dh, dw))
+            torch.testing.assert_close(dh, z @ w.detach())
+            torch.testing.assert_close(dw, z.T @ h.detach())
+    for floor in (floors.blas_floor, floors.recompute_floor):
+        dh, dw = torch.autograd.grad(floor(h, w), (h, w), torch.ones(37))
         torch.testing.assert_close(dh, z @ w.detach())
         torch.testing.assert_close(dw, z.T @ h.detach())
+
+
+def test_floor_calibration_records_a_layout_and_rows(monkeypatch):
+    from bench import floors
+
+    monkeypatch.setattr(floors, "CHOSEN", {})
+    monkeypatch.setattr(floors, "TILE_ROWS", (8, 16))
+    assert floors.candidates(37) == [(lay, r) for lay in ("z", "zT") for r in (8, 16, 37)]
+    h, w = torch.randn(37, 8), torch.randn(50, 8)
+    floors.blas_floor(h, w)
+    floors.recompute_floor(h, w)
+    assert set(floors.CHOSEN) == {(37, 8, 50, "blas"), (37, 8, 50, "recompute")}
+    assert all(c in floors.candidates(37) for c in floors.CHOSEN.values())
+    layout, rows = floors.CHOSEN[37, 8, 50, "blas"]
+    assert f"N_live=37 D=8 V=50 blas: {layout}, {rows} rows" in floors.tilings_line()
 
 
 def test_cli_acceptance_prints_a_verdict(tmp_path, monkeypatch):
@@ -181,3 +205,75 @@ def test_cli_acceptance_prints_a_verdict(tmp_path, monkeypatch):
     data = json.loads((out / "cpu_acceptance.json").read_text())
     lce = [r for r in data["results"] if r["provider"] == "torch-lce"]
     assert len(lce) == 2 and all(r["status"] == "ok" for r in lce), lce
+
+
+# which floor binds which candidate, on synthetic rows at the token_logprobs acceptance shape
+BIG = dict(N=8192, D=512, V=32768)
+LIVE = 7772
+LOGITS_MIB = LIVE * BIG["V"] * 4 / 2**20  # ≈ 971.5 MiB: the float32 logits of the live rows
+
+
+def _scored(provider, ms, mib=None, status="ok", live=LIVE):  # a row at the acceptance shape
+    return Result("token_logprobs", provider, "fwd+bwd", BIG, "fp32", status, median_ms=ms, p20_ms=ms,
+                  p80_ms=ms, extra_mib=mib, live_rows=live)  # fmt: skip
+
+
+def _big_floors():
+    return [_scored("blas-floor", 60.0, status="floor"), _scored("recompute-floor", 80.0, status="floor")]
+
+
+def _floor_errors(rows):
+    return {(e["candidate"], e["vs"]) for e in floor_rows(rows)}
+
+
+def test_a_memory_heavy_candidate_is_not_bound_by_the_recompute_floor():
+    heavy = _scored("cce", 70.0, mib=LOGITS_MIB)  # keeps the logits: the recompute floor does not bound it
+    assert recompute_bound(heavy)[0] is False
+    assert _floor_errors(_big_floors() + [heavy]) == set()
+    just_under = _scored("cce", 70.0, mib=LOGITS_MIB / 2 - 1)  # too little memory to keep them
+    assert _floor_errors(_big_floors() + [just_under]) == {("cce", "recompute-floor")}
+
+
+def test_a_lean_candidate_beating_the_recompute_floor_is_an_error_whatever_its_flag():
+    lean = [_scored("fastrl-torch", 70.0, mib=50.0), _scored("eager", 75.0, mib=100.0, status="ref")]
+    errors = floor_rows(_big_floors() + lean)
+    assert {(e["candidate"], e["vs"]) for e in errors} == {(p, "recompute-floor") for p in ("fastrl-torch", "eager")}
+    assert all("MiB < ½ of the 972 MiB live logits" in e["verdict"] for e in errors), errors
+
+
+def test_unmeasured_memory_falls_back_to_the_recomputes_flag():
+    unmeasured = [_scored("trl", 70.0), _scored("eager", 70.0, status="ref"), _scored("cce", 70.0, 500.0, live=None)]
+    rows = _big_floors() + unmeasured
+    assert _floor_errors(rows) == {("trl", "recompute-floor"), ("cce", "recompute-floor")}
+    assert "memory not measured" in recompute_bound(_scored("trl", 70.0))[1]
+
+
+def test_the_blas_floor_binds_every_candidate():
+    fast = [_scored("cce", 55.0, mib=2 * LOGITS_MIB), _scored("fastrl-torch", 59.0, mib=50.0), _scored("trl", 61.0)]
+    expected = {("cce", "blas-floor"), ("fastrl-torch", "blas-floor"), ("fastrl-torch", "recompute-floor"),
+                ("trl", "recompute-floor")}  # fmt: skip
+    assert _floor_errors(_big_floors() + fast) == expected
+
+
+def test_a_planted_slowdown_fires_and_the_run_says_it_is_planted(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tlp_bench, "ACCEPTANCE", dict(N=96, D=16, V=300))
+    monkeypatch.setattr(grpo_bench, "ACCEPTANCE", dict(B=2, T=24, D=16, V=300))
+    out = tmp_path / "out"
+    argv = ["--device", "cpu", "--acceptance", "--reps", "2", "--no-memory", "--out", str(out),
+            "--providers", "eager,fastrl-torch", "--plant-slowdown", "0.15"]  # fmt: skip
+    originals = (fused_api.fused_forward, logprobs_function.chunked_forward, logprobs_chunked.chunked_backward)
+    assert cli.main(argv) == 0
+    data = json.loads((out / "cpu_acceptance_planted.json").read_text())
+    planted = data["environment"]["planted_slowdown"]
+    assert planted["fraction"] == 0.15 and planted["delay_s"] > 0
+    assert all(n > 0 for n in planted["calls"].values()), planted  # each of the three walks was slowed
+    assert set(planted["calls"]) == {"fused_forward", "chunked_forward", "chunked_backward"}
+    text = (out / "cpu_acceptance_planted.md").read_text()
+    assert text.startswith("- **PLANTED SLOW-DOWN — NOT A REAL RUN**") and "0.15" in text.splitlines()[0]
+    assert not (out / "cpu_acceptance.json").exists()  # a planted run never takes a real run's file name
+    # the kernels are themselves again afterwards
+    assert (fused_api.fused_forward, logprobs_function.chunked_forward, logprobs_chunked.chunked_backward) == originals
+    assert not hasattr(fused_api.fused_forward, "__wrapped__")
+    capsys.readouterr()
+    verdict.main([str(out / "cpu_acceptance_planted.json")])
+    assert "PLANTED SLOW-DOWN" in capsys.readouterr().out
