@@ -17,7 +17,7 @@ from .params import FusedLossParams
 
 __all__ = ["fused_rows", "fused_forward"]
 
-_CPU_CHUNK_BYTES = 32 * 2**20
+_CPU_CHUNK_BYTES = 64 * 2**20
 _GPU_CHUNK_BYTES = 2**31
 
 

@@ -10,7 +10,7 @@ H = log s + shift − (h·Σ_v e_v W_v + Σ_v e_v b_v)/(τ·s).
 
 import torch
 
-from ..logprobs.vocab_major import logits_t, shifted_exp_t
+from ..logprobs.vocab_major import logits_t, shifted_exp_t, tile_t, vocab_major_rows
 from .params import FusedLossParams
 
 __all__ = ["lean_applies", "lean_forward"]
@@ -48,7 +48,8 @@ def lean_forward(hidden, weight, bias, targets, tau, token_grad, params: FusedLo
     d_weight = torch.zeros(v, d, dtype=torch.float32, device=dev) if need_w else None
     d_bias = torch.zeros(v, dtype=torch.float32, device=dev) if need_b else None
     entropy = torch.zeros(n, dtype=torch.float32, device=dev) if params.entropy else None
-    tile = torch.empty(v, min(rows, live.numel()), dtype=torch.float32, device=dev)
+    rows = vocab_major_rows(rows)
+    tile = tile_t(v, min(rows, live.numel()), dev)
     for start in range(0, live.numel(), rows):
         idx = live[start : start + rows]
         c = idx.numel()

@@ -18,7 +18,7 @@ import os
 import torch
 
 from .params import LogprobParams
-from .vocab_major import logits_t, shifted_exp_t
+from .vocab_major import logits_t, shifted_exp_t, tile_t, vocab_major_rows
 
 __all__ = ["chunk_bytes", "chunk_cols", "chunk_rows", "chunked_backward", "chunked_forward", "no_autocast"]
 
@@ -111,7 +111,8 @@ def _vocab_major_forward(hidden, weight, targets, bias, tau, live, rows, logp, l
     # float32 on the CPU without the entropy: vocab_major.py's tile, shifted by the target logit (lse[0] then
     # holds that shift, lse[1] log Σ exp(z − shift): the backward needs only their roles, not the max)
     n_live = hidden.shape[0] if live is None else live.numel()
-    tile = torch.empty(weight.shape[0], min(rows, n_live), dtype=torch.float32, device=hidden.device)
+    rows = vocab_major_rows(rows)
+    tile = tile_t(weight.shape[0], min(rows, n_live), hidden.device)
     for start in range(0, n_live, rows):
         stop = min(n_live, start + rows)
         idx = slice(start, stop) if live is None else live[start:stop]
