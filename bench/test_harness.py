@@ -167,9 +167,9 @@ def test_floors_time_the_gemms_over_their_rows():
     h, w = torch.randn(37, 8, requires_grad=True), torch.randn(50, 8, requires_grad=True)
     z = h.detach() @ w.detach().T  # the floor's "gradient" is z·W and zᵀ·h: the GEMMs, checked for shape
     for layout in floors.LAYOUTS:
-        for rows in (5, 16, 37):  # a short last tile, and the whole batch
-            dh, dw = torch.empty(37, 8), torch.zeros(50, 8)
-            floors._gemms(h.detach(), w.detach(), layout, rows, (dh, dw))
+        for size in (5, 16, 37):  # a short last tile or slab, and the whole batch
+            dh, dw = torch.zeros(37, 8), torch.zeros(50, 8)
+            floors._gemms(h.detach(), w.detach(), layout, size, (dh, dw))
             torch.testing.assert_close(dh, z @ w.detach())
             torch.testing.assert_close(dw, z.T @ h.detach())
     for floor in (floors.blas_floor, floors.recompute_floor):
@@ -178,19 +178,22 @@ def test_floors_time_the_gemms_over_their_rows():
         torch.testing.assert_close(dw, z.T @ h.detach())
 
 
-def test_floor_calibration_records_a_layout_and_rows(monkeypatch):
+def test_floor_calibration_records_a_tiling_per_part(monkeypatch):
     from bench import floors
 
     monkeypatch.setattr(floors, "CHOSEN", {})
     monkeypatch.setattr(floors, "TILE_ROWS", (8, 16))
-    assert floors.candidates(37) == [(lay, r) for lay in ("z", "zT") for r in (8, 16, 37)]
+    monkeypatch.setattr(floors, "VOCAB_COLS", (16, 64))
+    want = [(lay, r) for lay in ("z", "zT") for r in (8, 16, 37)] + [("v", 16), ("v", 50)]
+    assert floors.candidates(37, 50) == want
     h, w = torch.randn(37, 8), torch.randn(50, 8)
     floors.blas_floor(h, w)
+    assert set(floors.CHOSEN) == {(37, 8, 50, "3 GEMMs")}
     floors.recompute_floor(h, w)
-    assert set(floors.CHOSEN) == {(37, 8, 50, "blas"), (37, 8, 50, "recompute")}
-    assert all(c in floors.candidates(37) for c in floors.CHOSEN.values())
-    layout, rows = floors.CHOSEN[37, 8, 50, "blas"]
-    assert f"N_live=37 D=8 V=50 blas: {layout}, {rows} rows" in floors.tilings_line()
+    assert set(floors.CHOSEN) == {(37, 8, 50, "3 GEMMs"), (37, 8, 50, "logits")}
+    assert all(c in want for c in floors.CHOSEN.values())
+    layout, size = floors.CHOSEN[37, 8, 50, "logits"]
+    assert f"N_live=37 D=8 V=50 logits: {layout}, {size}" in floors.tilings_line()
 
 
 def test_cli_acceptance_prints_a_verdict(tmp_path, monkeypatch):
