@@ -280,3 +280,14 @@ def test_a_planted_slowdown_fires_and_the_run_says_it_is_planted(tmp_path, monke
     capsys.readouterr()
     verdict.main([str(out / "cpu_acceptance_planted.json")])
     assert "PLANTED SLOW-DOWN" in capsys.readouterr().out
+
+
+def test_a_target_below_the_candidates_own_floor_is_marked_unreachable():
+    # eager 100 ms, recompute floor 95 ms: ≤ 0.90× eager is below the floor a recomputing candidate is bound by
+    rows = [_scored("eager", 100.0, mib=2000.0, status="ref"), _scored("fastrl-torch", 96.0, mib=50.0),
+            _scored("blas-floor", 70.0, status="floor"), _scored("recompute-floor", 95.0, status="floor")]  # fmt: skip
+    got = {(r["vs"], r["verdict"]) for r in verdict.target_rows(rows) if r["quantity"] == "time"}
+    assert ("eager", "FAIL (unreachable here: recompute-floor itself is 0.950× eager)") in got, got
+    rows[3] = _scored("recompute-floor", 85.0, status="floor")  # now 0.85× eager: reachable, a plain FAIL
+    got = {(r["vs"], r["verdict"]) for r in verdict.target_rows(rows) if r["quantity"] == "time"}
+    assert ("eager", "FAIL") in got, got
