@@ -6,29 +6,40 @@ Each op runs once (the inputs' float32 logits would be N·V·4 = 16 GiB; the op 
 the package's eager reference on 512 random rows: token_logprobs' logp there, and its d_hidden / d_weight for an
 upstream gradient that is zero outside those rows (so those rows alone give the exact full-call gradient);
 grpo_loss's loss against `policy_loss` on the reference log-probs of every row (computed in 4,096-row chunks).
-Prints wall time, the rise of the process's peak RSS during the call (over every earlier peak) and the worst
-relative error of each op.
+Prints wall time, the peak RSS during the call over the RSS just before it (bench/harness.py `rss_peak_bytes`,
+so the returned gradients count too) and the worst relative error of each op.
 """
 
 import argparse
-import resource
 import time
 
 import torch
 
 import fastrl
+from bench.harness import rss_peak_bytes
 from fastrl import LossConfig
 from fastrl.kernels import token_logprobs_reference
 
 CHECK_ROWS, REF_CHUNK = 512, 4096
 
 
-def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _timed(fn):
+    """(result, wall seconds, peak RSS over the RSS before the call in MiB) of one call of fn."""
+    box = {}
+
+    def call():
+        t0 = time.perf_counter()
+        box["out"] = fn()
+        box["wall"] = time.perf_counter() - t0
+        return box["out"]
+
+    peak = rss_peak_bytes(call)
+    return box["out"], box["wall"], peak / 2**20
 
 
 def _rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def _ref_logp(h, w, y):
@@ -46,10 +57,12 @@ def token_logprobs_call(n, d, v, gen):
     rows = torch.randperm(n, generator=gen)[:CHECK_ROWS].sort().values
     g = torch.zeros(n)
     g[rows] = torch.randn(CHECK_ROWS, generator=gen)
-    rss0, t0 = _rss_mib(), time.perf_counter()
-    logp = fastrl.token_logprobs(h, w, y, impl="torch")
-    dh, dw = torch.autograd.grad(logp, (h, w), g)
-    wall, rise = time.perf_counter() - t0, _rss_mib() - rss0
+
+    def call():
+        logp = fastrl.token_logprobs(h, w, y, impl="torch")
+        return (logp, *torch.autograd.grad(logp, (h, w), g))
+
+    (logp, dh, dw), wall, rise = _timed(call)
     h_r, w_r = h.detach()[rows].requires_grad_(), w.detach().requires_grad_()
     ref = token_logprobs_reference(h_r, w_r, y[rows])[0]
     rdh, rdw = torch.autograd.grad(ref, (h_r, w_r), g[rows])
@@ -67,10 +80,13 @@ def grpo_loss_call(n, d, v, gen):
     ref_logp = _ref_logp(h.detach().reshape(n, d), w.detach(), y.reshape(n)).view(b, t)
     old = ref_logp + 0.1 * torch.randn(b, t, generator=gen)
     cfg = LossConfig(loss_agg="token-mean", beta=0.04)
-    rss0, t0 = _rss_mib(), time.perf_counter()
-    loss = fastrl.grpo_loss(h, w, y, mask, adv, old_logprobs=old, ref_logprobs=old, config=cfg, impl="torch").loss
-    torch.autograd.grad(loss, (h, w))
-    wall, rise = time.perf_counter() - t0, _rss_mib() - rss0
+
+    def call():
+        out = fastrl.grpo_loss(h, w, y, mask, adv, old_logprobs=old, ref_logprobs=old, config=cfg, impl="torch")
+        torch.autograd.grad(out.loss, (h, w))
+        return out.loss
+
+    loss, wall, rise = _timed(call)
     want = fastrl.policy_loss(ref_logp, adv, mask, old_logprobs=old, ref_logprobs=old, config=cfg, impl="torch").loss
     return wall, rise, _rel(loss.detach(), want)
 

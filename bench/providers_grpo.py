@@ -89,7 +89,7 @@ GRPO_LOSS_PROVIDERS = {
     "trl": Provider("trl", trl_live_grpo_loss, _trl, recomputes=True),
     "trl-all-rows": Provider("trl-all-rows", trl_grpo_loss, _trl, recomputes=True),
     "liger": Provider("liger", liger_grpo_loss, _liger, True),
-    "cce": Provider("cce", on_live_rows(cce_token_logprobs, "cce"), _cce, True, recomputes=True),
+    "cce": Provider("cce", on_live_rows(cce_token_logprobs, "cce"), _cce, True),  # CPU: keeps the logits
     "torch-lce": Provider("torch-lce", on_live_rows(torch_lce_token_logprobs, "torch-lce"), always, recomputes=True),
     "blas-floor": Provider("blas-floor", floor_grpo_loss, always, compiles=True, floor=True),
 }

@@ -245,9 +245,11 @@ def test_a_lean_candidate_beating_the_recompute_floor_is_an_error_whatever_its_f
 
 
 def test_unmeasured_memory_falls_back_to_the_recomputes_flag():
-    unmeasured = [_scored("trl", 70.0), _scored("eager", 70.0, status="ref"), _scored("cce", 70.0, 500.0, live=None)]
+    # CCE's CPU path keeps the logits: not flagged as recomputing
+    unmeasured = [_scored("trl", 70.0), _scored("eager", 70.0, status="ref"),
+                  _scored("torch-lce", 70.0, 500.0, live=None), _scored("cce", 70.0)]  # fmt: skip
     rows = _big_floors() + unmeasured
-    assert _floor_errors(rows) == {("trl", "recompute-floor"), ("cce", "recompute-floor")}
+    assert _floor_errors(rows) == {("trl", "recompute-floor"), ("torch-lce", "recompute-floor")}
     assert "memory not measured" in recompute_bound(_scored("trl", 70.0))[1]
 
 
