@@ -293,3 +293,13 @@ def test_a_target_below_the_candidates_own_floor_is_marked_unreachable():
     rows[3] = _scored("recompute-floor", 85.0, status="floor")  # now 0.85× eager: reachable, a plain FAIL
     got = {(r["vs"], r["verdict"]) for r in verdict.target_rows(rows) if r["quantity"] == "time"}
     assert ("eager", "FAIL") in got, got
+
+
+def test_long_call_runs_both_ops_and_checks_them(capsys):
+    from bench import long_call
+
+    long_call.main(["--N", "4096", "--D", "8", "--V", "64"])
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| token") or
+            line.startswith("| grpo")]  # fmt: skip
+    assert [r[1].strip() for r in rows] == ["token_logprobs", "grpo_loss"]
+    assert all(float(r[4]) < 1e-5 for r in rows), rows  # worst relative error against the eager reference
