@@ -75,7 +75,8 @@ def _tile(hidden, weight, bias, temperature, out=None):
 def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
     """`[N, D]`, `[V, D]`, `[N]`, `[V]`|None → (logp `[N]`, entropy `[N]`|None, lse `[2, N]`), float32.
 
-    lse[0] is each row's max logit, lse[1] its log Σ exp(z − max); their sum is the logsumexp. Ignored
+    lse[0] is each row's shift (its max logit; its target logit on the float32 CPU path without the entropy,
+    unless that row's sum overflowed), lse[1] its log Σ exp(z − shift); their sum is the logsumexp. Ignored
     rows are left out of the tiles (their hidden state is never read) and get logp = entropy = lse = 0.
     """
     n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
@@ -211,14 +212,15 @@ def _finish(hidden, bias, d_hidden, d_weight, d_bias):
 
 
 def _logp_only_backward(h, weight, bias, targets, lse, g, tau, grads):
-    """The float32 backward when only logp carries a gradient: ∂z = g·(onehot − p)/τ, p = e/s, e = exp(z − max).
+    """The float32 backward when only logp carries a gradient: ∂z = g·(onehot − p)/τ, p = e/s, e = exp(z − shift).
 
     The row factors g / (s·τ) move onto the GEMMs' `[N, D]` operands: d_weight = onehotᵀ·(g·h)/τ − eᵀ·(g·h/(s·τ)),
-    d_hidden = g·(W[target] − (e·W)/s)/τ. A tile then takes two passes (− max, exp) and no per-row scale.
+    d_hidden = g·(W[target] − (e·W)/s)/τ. A tile then takes two passes (− shift, exp) and no per-row scale; the
+    shift is the forward's lse[0] (chunked_forward).
     """
     d_hidden, d_weight, d_bias = grads
     n, v = h.shape[0], weight.shape[0]
-    row_max, s = lse[0].unsqueeze(-1), lse[1].exp().unsqueeze(-1)
+    shift, s = lse[0].unsqueeze(-1), lse[1].exp().unsqueeze(-1)
     g_tau = (g / tau).unsqueeze(-1)  # [N, 1]
     neg_scale = -g_tau / s  # [N, 1]: −g / (s·τ)
     hs = h * neg_scale if d_weight is not None else None  # [N, D]
@@ -228,7 +230,7 @@ def _logp_only_backward(h, weight, bias, targets, lse, g, tau, grads):
     for start in range(0, v, cols):
         sl = slice(start, min(v, start + cols))
         buf = tile if sl.stop - sl.start == tile.shape[1] else torch.empty_like(tile[:, : sl.stop - sl.start])
-        e = _tile(h, weight[sl], None if bias is None else bias[sl], tau, buf).sub_(row_max).exp_()
+        e = _tile(h, weight[sl], None if bias is None else bias[sl], tau, buf).sub_(shift).exp_()
         if d_weight is not None:
             torch.mm(e.T, hs, out=d_weight[sl])
         if d_bias is not None:
