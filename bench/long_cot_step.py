@@ -18,11 +18,13 @@ Providers, each in a fresh interpreter:
     eager      full `[tokens, V]` logits, float32 log-softmax, the same loss; not started when its logits and
                their gradient (2·N·V·4 bytes) exceed the memory available, which is printed instead
 
-Each provider runs one warm-up step (its clipped gradients, taken just before the optimizer step, are saved
-and compared with stock TRL's: relative L2 over every parameter ≤ 1e-4, else FAIL and no figures), then
-`--steps` timed steps. Reported: the median step time, the peak RSS over the timed steps (the whole process:
-weights, AdamW state, activations) and how far it rose over the RSS before them, the loss. A watchdog stops a
-provider whose RSS passes `--max-rss-gib` (default: 85 % of the memory available at the start).
+Each provider runs one warm-up step (at `--warmup-length` completion tokens if given: the same code, a shorter
+batch; with the learning rate at 0, so the weights stay the saved ones), then `--steps` timed steps. The
+clipped gradients of the first timed step, taken just before its optimizer step, are written out (untimed)
+and compared with stock TRL's: relative L2 over every parameter ≤ 1e-4, else FAIL and no figures.
+Reported: the median step time, the peak RSS over the timed steps (the whole process: weights, AdamW state,
+activations) and how far it rose over the RSS before them, the loss. A watchdog stops a provider whose
+RSS passes `--max-rss-gib` (default: 85 % of the memory available at the start).
 """
 
 import argparse
@@ -83,13 +85,13 @@ def save_model(opts, path: str) -> None:
     tokenizer.save_pretrained(path)
 
 
-def batch(opts):
-    """(prompt ids [P], completion ids [G, L], advantages [G]): fixed, the same in every provider."""
+def batch(opts, length: int):
+    """(prompt ids [P], completion ids [G, length], advantages [G]): fixed, the same in every provider."""
     import torch
 
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, opts.vocab, (opts.prompt_length,), generator=g)
-    completions = torch.randint(3, opts.vocab, (opts.group, opts.completion_length), generator=g)
+    completions = torch.randint(3, opts.vocab, (opts.group, length), generator=g)
     advantages = torch.linspace(1.0, -0.5, opts.group) if opts.group > 1 else torch.ones(1)
     return prompt, completions, advantages
 
@@ -125,10 +127,10 @@ def fastrl_step(opts):
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, config.adam_beta2)
     )
-    prompt, completions, advantages = batch(opts)
-    samples = [Sample(prompt.tolist(), c.tolist(), float(a)) for c, a in zip(completions, advantages)]
 
-    def step():
+    def step(length):
+        prompt, completions, advantages = batch(opts, length)
+        samples = [Sample(prompt.tolist(), c.tolist(), float(a)) for c, a in zip(completions, advantages)]
         model.train()
         out = train_step(
             model, optimizer, samples, config.loss, budget=config.max_tokens_per_microbatch, packed=packed,
@@ -160,16 +162,16 @@ def trl_step(opts, fastrl: bool, workdir: str):
                   processing_class=AutoTokenizer.from_pretrained(opts.model_dir))  # fmt: skip
     trainer.current_gradient_accumulation_steps = 1
     optimizer = trainer.create_optimizer()
-    prompt, completions, advantages = batch(opts)
-    mask = torch.ones_like(completions)
-    inputs = {
-        "prompt_ids": prompt.expand(opts.group, -1).clone(), "prompt_mask": torch.ones(opts.group, opts.prompt_length,
-        dtype=torch.long), "completion_ids": completions, "completion_mask": mask, "advantages": advantages,
-        "num_items_in_batch": mask.sum(),
-    }  # fmt: skip
     params = [p for p in trainer.model.parameters() if p.requires_grad]
 
-    def step():
+    def step(length):
+        prompt, completions, advantages = batch(opts, length)
+        mask = torch.ones_like(completions)
+        inputs = {
+            "prompt_ids": prompt.expand(opts.group, -1).clone(), "prompt_mask": torch.ones(opts.group,
+            opts.prompt_length, dtype=torch.long), "completion_ids": completions, "completion_mask": mask,
+            "advantages": advantages, "num_items_in_batch": mask.sum(),
+        }  # fmt: skip
         trainer.model.train()
         optimizer.zero_grad(set_to_none=True)
         loss = trainer.compute_loss(trainer.model, inputs)
@@ -187,14 +189,14 @@ def eager_step(opts):
 
     model = _load(opts)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    prompt, completions, advantages = batch(opts)
-    input_ids = torch.cat([prompt.expand(opts.group, -1), completions], dim=1)
     params = [p for p in model.parameters() if p.requires_grad]
-    adv = advantages.unsqueeze(1)
 
-    def step():
+    def step(length):
+        prompt, completions, advantages = batch(opts, length)
+        input_ids = torch.cat([prompt.expand(opts.group, -1), completions], dim=1)
+        adv = advantages.unsqueeze(1)
         model.train()
-        logits = model(input_ids=input_ids, logits_to_keep=opts.completion_length + 1, use_cache=False).logits
+        logits = model(input_ids=input_ids, logits_to_keep=length + 1, use_cache=False).logits
         logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)
         del logits
         ratio = torch.exp(logp - logp.detach())
@@ -221,31 +223,36 @@ def child(opts) -> dict:
         else:
             model, optimizer, step = trl_step(opts, opts.child == "fastrl-trl", workdir)
         names = {p: n for n, p in model.named_parameters()}
-        saved = {}
-
-        def snapshot(opt, *_):  # the clipped gradients the first optimizer step applies
-            if not saved:
-                saved.update({names[p]: p.grad.detach().clone() for g in opt.param_groups for p in g["params"]
-                              if p.grad is not None})  # fmt: skip
-
-        hook = optimizer.register_step_pre_hook(snapshot)
+        lrs = [g["lr"] for g in optimizer.param_groups]
+        for g in optimizer.param_groups:  # the warm-up step leaves the weights as they are: every provider's
+            g["lr"] = 0.0  # first timed step starts from the saved weights, so its gradients compare exactly
         start = time.perf_counter()
-        loss = step()
+        step(opts.warmup_length or opts.completion_length)
         warmup_s = time.perf_counter() - start
-        hook.remove()
-        torch.save({"loss": loss, "grads": saved}, opts.grads_out)
-        saved.clear()
-        times = []
+        for g, lr in zip(optimizer.param_groups, lrs):
+            g["lr"] = lr
+        saving = []
+
+        def save(opt, *_):  # the clipped gradients the first timed step applies, written out (no copy), untimed
+            t0 = time.perf_counter()
+            torch.save({names[p]: p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None},
+                       opts.grads_out)  # fmt: skip
+            saving.append(time.perf_counter() - t0)
+
+        hook = optimizer.register_step_pre_hook(save)
+        times, losses = [], []
 
         def timed():
             for _ in range(opts.steps):
                 t0 = time.perf_counter()
-                step()
-                times.append(time.perf_counter() - t0)
+                losses.append(step(opts.completion_length))
+                times.append(time.perf_counter() - t0 - sum(saving))
+                hook.remove()
+                saving.clear()
 
         rss_before = _status_kib("self", "VmRSS") * 1024
         rise = rss_peak_bytes(timed)
-    return dict(provider=opts.child, loss=loss, warmup_s=warmup_s, times_s=times, seconds=statistics.median(times),
+    return dict(provider=opts.child, loss=losses[0], warmup_s=warmup_s, times_s=times, seconds=statistics.median(times),
                 peak_mib=(rss_before + rise) / 2**20, rise_mib=rise / 2**20)  # fmt: skip
 
 
@@ -295,23 +302,24 @@ def run_provider(name: str, opts, grads_out: str) -> dict:
 
 
 def check_gradients(rows: list, paths: dict) -> None:
-    """Each provider's first-step gradients (and loss) against stock TRL's; FAIL drops the figures."""
+    """Each provider's gradients and loss of its first timed step against stock TRL's; FAIL drops the figures."""
     import torch
 
-    if "trl" not in paths:
+    trl = next((r for r in rows if r["provider"] == "trl" and r["status"] == "ok"), None)
+    if trl is None or "trl" not in paths:
         return
     ref = torch.load(paths["trl"])
     for row in rows:
         if row["status"] != "ok":
             continue
         got = torch.load(paths[row["provider"]])
-        missing = sorted(set(ref["grads"]) ^ set(got["grads"]))
+        missing = sorted(set(ref) ^ set(got))
         if missing:
             row.update(status=f"FAIL: gradients differ in which parameters have one ({missing[:3]})")
             continue
-        row["grad_rel"] = max(_rel(g, got["grads"][n]) for n, g in ref["grads"].items())
-        row["loss_diff"] = abs(ref["loss"] - got["loss"])
-        if not row["grad_rel"] <= REL_TOL or row["loss_diff"] > 1e-5 * max(1.0, abs(ref["loss"])):
+        row["grad_rel"] = max(_rel(g, got[n]) for n, g in ref.items())
+        row["loss_diff"] = abs(trl["loss"] - row["loss"])
+        if not row["grad_rel"] <= REL_TOL or row["loss_diff"] > 1e-5 * max(1.0, abs(trl["loss"])):
             row["status"] = "FAIL"
 
 
@@ -339,7 +347,7 @@ def table(rows: list, opts) -> str:
 
 
 _SHAPE_FLAGS = ("completion_length", "prompt_length", "group", "layers", "vocab", "hidden", "intermediate", "heads",
-                "kv_heads", "budget", "steps", "model_dir")  # fmt: skip
+                "kv_heads", "budget", "steps", "warmup_length", "model_dir")  # fmt: skip
 
 
 def parse(argv=None):
@@ -355,6 +363,12 @@ def parse(argv=None):
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--budget", type=int, default=65536, help="fastrl's max_tokens_per_microbatch (math-32k's)")
     p.add_argument("--steps", type=int, default=2, help="timed steps after the warm-up step")
+    p.add_argument(
+        "--warmup-length",
+        type=int,
+        default=0,
+        help="completion length of the warm-up step (default: --completion-length)",
+    )
     p.add_argument("--providers", default=",".join(PROVIDERS))
     p.add_argument("--timeout-s", type=float, default=7200, help="per provider")
     p.add_argument("--max-rss-gib", type=float, default=None)
@@ -368,7 +382,15 @@ def parse(argv=None):
         p.error(f"--providers {unknown}: not among {', '.join(PROVIDERS)}")
     if opts.steps < 1 or opts.group < 1 or opts.completion_length < 1:
         p.error("--steps, --group and --completion-length must be >= 1")
+    if not 0 <= opts.warmup_length <= opts.completion_length:
+        p.error(f"--warmup-length {opts.warmup_length}: must be in [0, --completion-length]")
     return opts
+
+
+def _write(path, rows: list) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump({"argv": sys.argv[1:], "load_end": os.getloadavg(), "rows": rows}, f, indent=1)
 
 
 def main(argv=None) -> list:
@@ -385,10 +407,9 @@ def main(argv=None) -> list:
             paths[name] = os.path.join(tmp, f"{name}.pt")
             rows.append(run_provider(name, opts, paths[name]))
             print(json.dumps(rows[-1]), flush=True)
+            _write(opts.out, rows)  # a long run keeps what finished
         check_gradients(rows, {k: v for k, v in paths.items() if os.path.exists(v)})
-    if opts.out:
-        with open(opts.out, "w") as f:
-            json.dump({"argv": sys.argv[1:], "load_end": os.getloadavg(), "rows": rows}, f, indent=1)
+    _write(opts.out, rows)
     print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
     print(table(rows, opts))
     return rows
