@@ -14,7 +14,7 @@ from .config import LossConfig
 from .policy import LossOutput, Normalizer, _aggregate, _kernel_params, policy_loss
 from .weights import policy_weight
 
-__all__ = ["fused_grpo_loss", "wants_fused"]
+__all__ = ["fused_grpo_loss", "fused_grpo_parts", "wants_fused"]
 
 
 def wants_fused(hidden, weight, bias, config: LossConfig, old=None, rollout=None) -> bool:
@@ -66,6 +66,34 @@ def fused_grpo_loss(
     return_entropy,
     ignore_index,
 ) -> LossOutput:
+    out, _, _ = fused_grpo_parts(
+        hidden, weight, targets, mask, advantages, bias=bias, old=old, ref=ref, rollout=rollout, config=config,
+        normalizer=normalizer, impl=impl, temperature=temperature, return_entropy=return_entropy,
+        ignore_index=ignore_index,
+    )  # fmt: skip
+    return out
+
+
+def fused_grpo_parts(
+    hidden,
+    weight,
+    targets,
+    mask,
+    advantages,
+    *,
+    bias,
+    old,
+    ref,
+    rollout,
+    config,
+    normalizer,
+    impl,
+    temperature,
+    return_entropy,
+    ignore_index,
+):
+    """`fused_grpo_loss`, and the pass's detached log-probs `[B, T]` and entropy `[B, T]` (or None) with it, for a
+    caller that logs metrics of its own from them. `targets` hold `ignore_index` wherever mask is 0."""
     need_entropy = config.entropy_coef != 0 or return_entropy
     b, t = mask.shape
     # The policy inputs and the normalizer are checked before any vocabulary work: the same call on zeros.
@@ -117,4 +145,4 @@ def fused_grpo_loss(
         normalizer=normalizer,
         impl=impl,
     )
-    return LossOutput(attach_gradients(out.loss.detach(), hidden, weight, bias, grads), out.metrics)
+    return LossOutput(attach_gradients(out.loss.detach(), hidden, weight, bias, grads), out.metrics), logp, entropy

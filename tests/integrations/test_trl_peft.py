@@ -24,16 +24,22 @@ def lora(*targets):
 
 @pytest.mark.parametrize("steps_per_generation", [pytest.param(4, id="off-policy"), pytest.param(2, id="on-policy")])
 def test_lora_matches_stock_trl_with_peft(tmp_path, steps_per_generation, monkeypatch):
+    from fastrl.kernels.fused_loss import api
     from fastrl.kernels.logprobs import function
 
-    asked = []
-    backward = function.chunked_backward
+    asked = []  # (d_hidden wanted, d_weight wanted) of every head gradient formed
+    backward, fused = function.chunked_backward, api.fused_forward
 
     def recorded(*args):
-        asked.append(args[-1])  # needs = (d_hidden, d_weight, -, d_bias)
+        asked.append(args[-1][:2])  # needs = (d_hidden, d_weight, -, d_bias)
         return backward(*args)
 
+    def recorded_fused(*args):  # the gradient-in-forward pass: params.needs = (d_hidden, d_weight, d_bias)
+        asked.append(args[-1].needs[:2])
+        return fused(*args)
+
     monkeypatch.setattr(function, "chunked_backward", recorded)
+    monkeypatch.setattr(api, "fused_forward", recorded_fused)
     fields = dict(optim="sgd", beta=0.1, learning_rate=0.5, steps_per_generation=steps_per_generation)
     peft = lora("q_proj", "v_proj", "gate_proj")
     stock = h.run(GRPOTrainer, h.config(tmp_path / "a", **fields), h.model(), peft_config=peft)

@@ -127,21 +127,28 @@ def run(kind: str, spec: dict, rank: int) -> None:
 
 
 def _record(trainer, record):
-    score = trainer._get_per_token_logps_and_entropies
+    """Record every scoring forward in call order: TRL's `_get_per_token_logps_and_entropies`, and fastrl's
+    `_fastrl_scored_loss` (a training micro-batch whose loss is formed in the forward); both return logp first."""
 
-    def recorded(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        weight = trainer.accelerator.unwrap_model(model).get_output_embeddings().weight
-        local = weight.to_local() if hasattr(weight, "to_local") else weight
-        record["head"].append((type(weight).__name__, local.numel()))  # what the head holds outside the call
-        before = record["gathers"]
-        out = score(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        rows, chunk = input_ids.shape[0], (args[0] if args else kwargs.get("batch_size")) or input_ids.shape[0]
-        record["gathers_per_call"].append((record["gathers"] - before, -(-rows // chunk)))  # (gathers, forwards)
-        record["logps"].append(out[0].detach().clone())
-        record["tokens"].append(int(attention_mask[:, -logits_to_keep:].sum()))
-        return out
+    def recording(score, chunked: bool):
+        def recorded(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+            weight = trainer.accelerator.unwrap_model(model).get_output_embeddings().weight
+            local = weight.to_local() if hasattr(weight, "to_local") else weight
+            record["head"].append((type(weight).__name__, local.numel()))  # what the head holds outside the call
+            before = record["gathers"]
+            out = score(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+            rows = input_ids.shape[0]
+            chunk = ((args[0] if args else kwargs.get("batch_size")) if chunked else None) or rows  # TRL's batch_size
+            record["gathers_per_call"].append((record["gathers"] - before, -(-rows // chunk)))  # (gathers, forwards)
+            record["logps"].append(out[0].detach().clone())
+            record["tokens"].append(int(attention_mask[:, -logits_to_keep:].sum()))
+            return out
 
-    trainer._get_per_token_logps_and_entropies = recorded
+        return recorded
+
+    trainer._get_per_token_logps_and_entropies = recording(trainer._get_per_token_logps_and_entropies, True)
+    if hasattr(trainer, "_fastrl_scored_loss"):
+        trainer._fastrl_scored_loss = recording(trainer._fastrl_scored_loss, False)
     return trainer
 
 

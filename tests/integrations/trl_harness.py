@@ -64,13 +64,17 @@ def config(tmp_path, **overrides):
     return GRPOConfig(**fields)
 
 
+def dataset():
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": PROMPTS})
+
+
 def run(trainer_cls, args, base_model, *, wrap=None, params=None, **trainer_kwargs):
     """Train a copy of `base_model` (a model, or the path of a saved one) with `trainer_cls`, after `wrap`
     (a function of the built trainer) when given; return (log_history, {param name: tensor}), the parameters
     read by `params(trainer)` when given."""
-    from datasets import Dataset
-
-    data = Dataset.from_dict({"prompt": PROMPTS})
+    data = dataset()
     net = base_model if isinstance(base_model, str) else copy.deepcopy(base_model)
     trainer = trainer_cls(
         model=net, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer(), **trainer_kwargs

@@ -4,7 +4,9 @@ TRL's `GRPOTrainer` scores completions with `model(..., labels=labels, fused_lm_
 `trl.add_fused_lm_head` installs: the backbone, then TRL's chunked log-prob kernel on its last hidden state.
 `add_fastrl_lm_head` installs the same call on top of it with fastrl's kernel in place of TRL's, so the policy,
 old and reference log-probs all come from fastrl, and every wrapper (DDP, FSDP, PEFT) still sees a forward
-of the wrapped model. Calls without `fused_lm_head=True` (generation) go to the previous forward unchanged.
+of the wrapped model. Calls without `fused_lm_head=True` (generation) go to the previous forward unchanged. A call with
+`fastrl_loss=fn` returns `fn(model, last_hidden_state)`: the trainer forms its policy loss (and, on the
+gradient-in-forward path, the head's gradients) inside the wrapped model's forward (`head_policy_loss`).
 
 Precision follows TRL's kernel: the head's matmul runs in the autocast dtype when autocast is on (TRL's
 default `bf16=True` runs the whole forward under `torch.autocast`, also on CPU) and in the hidden state's
@@ -18,11 +20,12 @@ import types
 import torch
 
 from fastrl.kernels import token_logprobs
-from fastrl.losses import lm_body_and_head
+from fastrl.losses import lm_body_and_head, policy_loss
+from fastrl.losses.fused import fused_grpo_parts, wants_fused
 
 from .gather import full_head, gathered, zero3_params, zero3_partitioned, zero3_scored
 
-__all__ = ["add_fastrl_lm_head"]
+__all__ = ["add_fastrl_lm_head", "head_policy_loss"]
 
 IGNORE_INDEX = -100
 
@@ -61,6 +64,38 @@ def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_
     return zero3_scored(score, hidden, sharded)
 
 
+def head_policy_loss(
+    model, hidden, targets, mask, advantages, *, temperature: float, cast_lm_head_to_fp32: bool, impl: str, config,
+    normalizer, old=None, ref=None, rollout=None, entropy_in_loss: bool = False,
+):  # fmt: skip
+    """(LossOutput, logp, entropy) of the policy loss on `hidden` `[B, T, D]` under `model`'s head, in one call.
+
+    `targets` hold -100 wherever `mask` is 0. With a token-level ratio and a gradient to form (`wants_fused`) the
+    gradients of hidden and the head are formed in the vocabulary pass itself (docs/math.md §7): three GEMMs a token
+    instead of the forward's one and a recomputing backward's three, and the entropy metric from the same pass.
+    Otherwise the log-probs come from `token_logprobs` and the loss from `policy_loss`, as `head_logprobs` feeds it.
+    Not for a ZeRO-3 partitioned head (its d_weight would reach a parameter gathered only in the forward)."""
+    _, weight, bias = lm_body_and_head(model)
+    weight, bias = full_head(weight, bias)
+    dtype = _compute_dtype(hidden, cast_lm_head_to_fp32)
+    hidden, weight = hidden.to(weight.device, dtype), weight.to(dtype)
+    bias = None if bias is None else bias.to(dtype)
+    targets = targets.to(weight.device)
+    losses = dict(old=old, ref=ref, rollout=rollout, config=config, normalizer=normalizer)
+    if wants_fused(hidden, weight, bias, config, old, rollout):
+        return fused_grpo_parts(
+            hidden, weight, targets, mask, advantages, bias=bias, impl=impl, temperature=temperature,
+            return_entropy=True, ignore_index=IGNORE_INDEX, **losses,
+        )  # fmt: skip
+    logp, entropy = token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature,
+                                   ignore_index=IGNORE_INDEX, return_entropy=True, impl=impl)  # fmt: skip
+    out = policy_loss(
+        logp, advantages, mask, old_logprobs=old, ref_logprobs=ref, rollout_logprobs=rollout,
+        entropy=entropy if entropy_in_loss else None, config=config, normalizer=normalizer,
+    )  # fmt: skip
+    return out, logp, entropy
+
+
 def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False, impl: str = "auto",
                        sampler: dict | None = None):  # fmt: skip
     """Make `model(..., labels=labels, fused_lm_head=True)` score the labels with fastrl's log-prob kernel.
@@ -86,7 +121,8 @@ def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bo
     previous = model.forward
 
     @functools.wraps(type(model).forward)
-    def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
+    def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None,
+                fastrl_loss=None, **kwargs):  # fmt: skip
         if not fused_lm_head:
             extra = {"labels": labels, "shift_labels": shift_labels, "num_items_in_batch": num_items_in_batch}
             return previous(*args, **kwargs, **{k: v for k, v in extra.items() if v is not None})
@@ -94,6 +130,8 @@ def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bo
             raise ValueError("fastrl's LM head does not compute the MoE load-balancing loss (output_router_logits)")
         kwargs["use_cache"] = False
         hidden = self.base_model(*args, **kwargs).last_hidden_state
+        if fastrl_loss is not None:  # the loss formed inside the wrapped forward: `fastrl_loss(model, hidden)`
+            return fastrl_loss(self, hidden)
         if shift_labels is None:
             hidden, labels = hidden[:, :-1], labels[:, 1:]
         else:

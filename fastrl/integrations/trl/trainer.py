@@ -17,8 +17,11 @@ import torch
 from trl import GRPOTrainer
 
 from fastrl.losses import policy_loss, trl_normalizer
+from fastrl.losses.fused import wants_fused
 
-from .head import add_fastrl_lm_head
+from .checkpointing import keep_attention_in_checkpoints
+from .gather import zero3_params
+from .head import IGNORE_INDEX, add_fastrl_lm_head, head_policy_loss
 from .options import check_args, check_model, sampler_settings
 
 __all__ = ["FastRLGRPOTrainer", "use_fastrl"]
@@ -29,20 +32,25 @@ _MULTIMODAL = (
 ).split()
 
 
-def _patch_models(trainer, sampler_exact: bool = False) -> None:
+def _patch_models(trainer, sampler_exact: bool = False, keep_attention_outputs: bool = True) -> None:
     from accelerate.utils import is_peft_model
 
     if not isinstance(sampler_exact, bool):
         raise TypeError(f"sampler_exact must be a bool, got {sampler_exact!r}")
+    if not isinstance(keep_attention_outputs, bool):
+        raise TypeError(f"keep_attention_outputs must be a bool, got {keep_attention_outputs!r}")
     config = check_args(trainer.args)
     check_model(trainer.model)
     head = dict(temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32,
                 sampler=sampler_settings(trainer.args) if sampler_exact else None)  # fmt: skip
     model = trainer.model.get_base_model() if is_peft_model(trainer.model) else trainer.model
     add_fastrl_lm_head(model, **head)
+    if keep_attention_outputs:
+        keep_attention_in_checkpoints(model)
     if trainer.ref_model is not None:
         add_fastrl_lm_head(trainer.ref_model, **head)
-    trainer._fastrl_loss = config
+    trainer._fastrl_loss, trainer._fastrl_head = config, head
+    trainer._fastrl_head_module = model.get_output_embeddings()
 
 
 class FastRLGRPOTrainer(GRPOTrainer):
@@ -51,27 +59,45 @@ class FastRLGRPOTrainer(GRPOTrainer):
     `sampler_exact=False` (default) reproduces TRL's loss, which scores the full softmax. `sampler_exact=True`
     scores the distribution the completions were sampled from: GRPOConfig's top_k / top_p / min_p truncate the
     policy, old and reference log-probs (and the entropy) as vLLM's sampler does (docs/math.md §8).
+    `keep_attention_outputs=True` (default) makes TRL's non-reentrant gradient checkpointing keep each layer's
+    attention kernel outputs (4·D bytes a token and layer) instead of running the kernel again in the backward.
+
+    A training micro-batch whose loss the gradient-in-forward path takes (a token-level ratio, and no weight that
+    reads the current log-probs: not GSPO's sequence level, CISPO, VESPO or the off-policy mask) has its loss and
+    head gradients formed inside the model's forward (docs/math.md §7): three head GEMMs a token, not four.
 
     Raises:
         ValueError: a `GRPOConfig` option (or model) fastrl cannot honour, named, before the model is loaded.
     """
 
-    def __init__(self, model, reward_funcs=None, args=None, *rest, sampler_exact: bool = False, **kwargs):
+    def __init__(self, model, reward_funcs=None, args=None, *rest, sampler_exact: bool = False,
+                 keep_attention_outputs: bool = True, **kwargs):  # fmt: skip
         if args is not None:
             check_args(args)
             if sampler_exact:
                 sampler_settings(args)
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
-        _patch_models(self, sampler_exact)
+        _patch_models(self, sampler_exact, keep_attention_outputs)
 
     def _compute_loss(self, model, inputs):
         return _fastrl_compute_loss(self, model, inputs)
 
+    def _fastrl_scored_loss(self, model, input_ids, attention_mask, logits_to_keep, loss):
+        """`_get_per_token_logps_and_entropies` of a training micro-batch with its loss formed in the model's
+        forward by `loss` (`_head_loss`): (logp `[B, logits_to_keep]`, entropy, LossOutput)."""
+        with self.accelerator.autocast():
+            out, logp, entropy = model(input_ids=input_ids, attention_mask=attention_mask, fused_lm_head=True,
+                                       fastrl_loss=loss)  # fmt: skip
+        return logp, entropy, out
 
-def use_fastrl(trainer: GRPOTrainer, *, sampler_exact: bool = False) -> GRPOTrainer:
+
+def use_fastrl(
+    trainer: GRPOTrainer, *, sampler_exact: bool = False, keep_attention_outputs: bool = True
+) -> GRPOTrainer:
     """Switch an already built `GRPOTrainer` to fastrl's log-probs and loss, in place (before `train()`).
 
-    `sampler_exact`: as for `FastRLGRPOTrainer` (default False: TRL's full-softmax loss).
+    `sampler_exact`, `keep_attention_outputs`: as for `FastRLGRPOTrainer` (default False: TRL's full-softmax
+    loss; True).
 
     Raises:
         TypeError: not a `trl.GRPOTrainer`. ValueError: as `FastRLGRPOTrainer`.
@@ -80,7 +106,7 @@ def use_fastrl(trainer: GRPOTrainer, *, sampler_exact: bool = False) -> GRPOTrai
         raise TypeError(f"use_fastrl needs a trl.GRPOTrainer, got {type(trainer).__name__}")
     if isinstance(trainer, FastRLGRPOTrainer):
         return trainer
-    _patch_models(trainer, sampler_exact)
+    _patch_models(trainer, sampler_exact, keep_attention_outputs)
     trainer.__class__ = type("FastRL" + type(trainer).__name__, (FastRLGRPOTrainer, type(trainer)), {})
     return trainer
 
@@ -91,10 +117,6 @@ def _fastrl_compute_loss(trainer, model, inputs):
     input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
     mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-    logp, entropies, _ = trainer._get_per_token_logps_and_entropies(
-        model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
-        **{key: inputs.get(key) for key in _MULTIMODAL},
-    )  # fmt: skip
     mode = "train" if trainer.model.training else "eval"
     uses_rollout = config.is_cap is not None or config.off_policy_mask is not None
     uses_entropy = config.entropy_coef != 0 or config.top_entropy_quantile < 1
@@ -103,14 +125,59 @@ def _fastrl_compute_loss(trainer, model, inputs):
         gradient_accumulation_steps=trainer.current_gradient_accumulation_steps,
         num_processes=trainer.accelerator.num_processes, training=mode == "train",
     )  # fmt: skip
-    out = policy_loss(
-        logp, inputs["advantages"], mask, old_logprobs=inputs.get("old_per_token_logps"),
-        ref_logprobs=inputs.get("ref_per_token_logps") if config.beta != 0 else None,
-        rollout_logprobs=inputs.get("sampling_per_token_logps") if uses_rollout else None,
-        entropy=entropies if uses_entropy else None, config=config, normalizer=normalizer,
+    losses = dict(
+        old=inputs.get("old_per_token_logps"), ref=inputs.get("ref_per_token_logps") if config.beta != 0 else None,
+        rollout=inputs.get("sampling_per_token_logps") if uses_rollout else None, config=config, normalizer=normalizer,
     )  # fmt: skip
+    if _loss_in_forward(trainer, inputs, losses):
+        loss = _head_loss(trainer, completion_ids, mask, inputs["advantages"], losses, uses_entropy)
+        k = completion_ids.size(1)
+        logp, entropies, out = trainer._fastrl_scored_loss(model, input_ids, attention_mask, k, loss)
+    else:
+        logp, entropies, _ = trainer._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
+            **{key: inputs.get(key) for key in _MULTIMODAL},
+        )  # fmt: skip
+        out = policy_loss(
+            logp, inputs["advantages"], mask, old_logprobs=losses["old"], ref_logprobs=losses["ref"],
+            rollout_logprobs=losses["rollout"], entropy=entropies if uses_entropy else None, config=config,
+            normalizer=normalizer,
+        )  # fmt: skip
     _log_metrics(trainer, inputs, logp.detach(), entropies.detach(), mask, out, normalizer, mode)
     return out.loss
+
+
+_WANTS_GRAD = torch.empty(0, requires_grad=True)
+
+
+def _loss_in_forward(trainer, inputs, losses) -> bool:
+    """The gradient-in-forward route (`head_policy_loss`) applies: a training forward under grad of a text model,
+    TRL's full-softmax loss (no sampler truncation), a head that is not ZeRO-3 partitioned, and a loss
+    `wants_fused` takes."""
+    if not (torch.is_grad_enabled() and trainer.model.training) or trainer._fastrl_head["sampler"] is not None:
+        return False
+    if any(inputs.get(key) is not None for key in _MULTIMODAL):
+        return False
+    head = trainer._fastrl_head_module
+    if zero3_params(head.weight, getattr(head, "bias", None)):
+        return False
+    return wants_fused(_WANTS_GRAD, None, None, losses["config"], losses["old"], losses["rollout"])
+
+
+def _head_loss(trainer, completion_ids, mask, advantages, losses, uses_entropy):
+    """`fastrl_loss` for the patched forward: the policy loss of the completion on the body's last hidden state."""
+    k = completion_ids.size(1)
+    live = mask if mask.dtype == torch.bool else mask != 0
+    targets = completion_ids.masked_fill(~live, IGNORE_INDEX)
+    head = trainer._fastrl_head
+
+    def loss(module, hidden):  # hidden [B, P + K, D]: positions P - 1 … P + K - 2 predict the completion
+        return head_policy_loss(
+            module, hidden[:, -k - 1 : -1], targets, mask, advantages, temperature=head["temperature"],
+            cast_lm_head_to_fp32=head["cast_lm_head_to_fp32"], impl="auto", entropy_in_loss=uses_entropy, **losses,
+        )  # fmt: skip
+
+    return loss
 
 
 def _log_metrics(trainer, inputs, logp, entropies, mask, out, normalizer, mode):
