@@ -48,30 +48,9 @@ def _row_weight(mask: torch.Tensor, config: LossConfig, normalizer) -> torch.Ten
     return weight
 
 
-def fused_grpo_loss(
-    hidden,
-    weight,
-    targets,
-    mask,
-    advantages,
-    *,
-    bias,
-    old,
-    ref,
-    rollout,
-    config,
-    normalizer,
-    impl,
-    temperature,
-    return_entropy,
-    ignore_index,
-) -> LossOutput:
-    out, _, _ = fused_grpo_parts(
-        hidden, weight, targets, mask, advantages, bias=bias, old=old, ref=ref, rollout=rollout, config=config,
-        normalizer=normalizer, impl=impl, temperature=temperature, return_entropy=return_entropy,
-        ignore_index=ignore_index,
-    )  # fmt: skip
-    return out
+def fused_grpo_loss(hidden, weight, targets, mask, advantages, **options) -> LossOutput:
+    """The LossOutput of `fused_grpo_parts` (same arguments)."""
+    return fused_grpo_parts(hidden, weight, targets, mask, advantages, **options)[0]
 
 
 def fused_grpo_parts(
