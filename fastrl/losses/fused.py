@@ -14,28 +14,33 @@ from .config import LossConfig
 from .policy import LossOutput, Normalizer, _aggregate, _kernel_params, policy_loss
 from .weights import policy_weight
 
-__all__ = ["fused_grpo_loss", "fused_grpo_parts", "wants_fused"]
+__all__ = ["fusable_loss", "fused_grpo_loss", "fused_grpo_parts", "wants_fused"]
 
 
 def wants_fused(hidden, weight, bias, config: LossConfig, old=None, rollout=None) -> bool:
-    """True when the gradient-in-forward path applies: a gradient to form, and a loss whose every token term
-    depends on that token's own logp and entropy once the constants are known before the vocabulary pass.
+    """True when the gradient-in-forward path applies: a gradient to form (grad mode on, and hidden, weight or
+    bias requiring one) and a loss `fusable_loss` takes. `rollout` is accepted for the callers' symmetry."""
+    if not torch.is_grad_enabled() or not fusable_loss(config, old):
+        return False
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (hidden, weight, bias))
+
+
+def fusable_loss(config: LossConfig, old=None) -> bool:
+    """A loss whose every token term depends on that token's own logp and entropy once the constants are known
+    before the vocabulary pass.
 
     Left to the recompute path: a sequence-level ratio (GSPO, GSPO-token); policy weights that read the
     current log-probs (CISPO's clipped ratio, VESPO's sequence weight, the off-policy sequence mask, and an IS
     weight whose base is the current policy because old_logprobs is None); rejection sampling, which changes
-    the mask; the batch entropy quantile; and
-    an entropy bonus aggregated apart from the loss.
+    the mask; the batch entropy quantile; and an entropy bonus aggregated apart from the loss.
     """
-    if config.ratio_level != "token" or not torch.is_grad_enabled():
+    if config.ratio_level != "token":
         return False
     if config.pg_loss not in ("clip", "sapo", "gpg") or config.off_policy_mask is not None or config.rejection:
         return False
     if config.top_entropy_quantile < 1 or (config.entropy_agg != "loss" and config.entropy_coef != 0):
         return False
-    if config.is_cap is not None and old is None:
-        return False
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (hidden, weight, bias))
+    return not (config.is_cap is not None and old is None)
 
 
 def _row_weight(mask: torch.Tensor, config: LossConfig, normalizer) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 from trl import GRPOTrainer
 
 from fastrl.losses import policy_loss, trl_normalizer
-from fastrl.losses.fused import wants_fused
+from fastrl.losses.fused import fusable_loss
 
 from .checkpointing import keep_attention_in_checkpoints
 from .gather import zero3_params
@@ -147,13 +147,10 @@ def _fastrl_compute_loss(trainer, model, inputs):
     return out.loss
 
 
-_WANTS_GRAD = torch.empty(0, requires_grad=True)
-
-
 def _loss_in_forward(trainer, inputs, losses) -> bool:
     """The gradient-in-forward route (`head_policy_loss`) applies: a training forward under grad of a text model,
-    TRL's full-softmax loss (no sampler truncation), a head that is not ZeRO-3 partitioned, and a loss
-    `wants_fused` takes."""
+    TRL's full-softmax loss (no sampler truncation), a head that is not a ZeRO-3 parameter, and a loss
+    `fusable_loss` takes (`head_policy_loss` checks again that a gradient is wanted)."""
     if not (torch.is_grad_enabled() and trainer.model.training) or trainer._fastrl_head["sampler"] is not None:
         return False
     if any(inputs.get(key) is not None for key in _MULTIMODAL):
@@ -161,7 +158,7 @@ def _loss_in_forward(trainer, inputs, losses) -> bool:
     head = trainer._fastrl_head_module
     if zero3_params(head.weight, getattr(head, "bias", None)):
         return False
-    return wants_fused(_WANTS_GRAD, None, None, losses["config"], losses["old"], losses["rollout"])
+    return fusable_loss(losses["config"], losses["old"])
 
 
 def _head_loss(trainer, completion_ids, mask, advantages, losses, uses_entropy):
