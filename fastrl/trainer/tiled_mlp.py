@@ -6,8 +6,14 @@ layer holds while it is recomputed under gradient checkpointing. At 32k-token se
 `tile_mlps(model)` makes every `*MLP` module of the model run on tiles of `rows` tokens: the forward keeps
 only its input; the backward recomputes each tile's MLP and backpropagates it before the next, so the
 transient is one tile's. The result is the same function (each token's output does not depend on the tiling;
-the weight gradients are sums over the same tokens, in tiles). It costs one more MLP forward per backward.
-Inputs of at most `rows` tokens take the module's own forward, untouched.
+the weight gradients are sums over the same tokens, in tiles). Inputs of at most `rows` tokens take the module's
+own forward, untouched.
+
+Under non-reentrant gradient checkpointing the tiled MLP keeps its input itself (`[tokens, D]`, as big as what
+the checkpoint keeps of the layer) instead of handing it to the checkpoint. The MLP is the layer's last op that
+saves anything, so the layer's recomputation stops before it (the checkpoint's early stop): the MLP runs one
+forward in the step's forward and one forward + backward per tile in the backward, the work of an untiled
+checkpointed MLP, and no second whole-sequence forward whose output nobody reads.
 """
 
 import types
@@ -64,7 +70,13 @@ def _tiled_forward(self, x, *args, **kwargs):
         flat = x.reshape(-1, x.shape[-1])
         out = torch.cat([self._fastrl_forward(tile) for tile in flat.split(rows)])
         return out.view(*x.shape[:-1], out.shape[-1])
-    return _TiledMLP.apply(self._fastrl_forward, rows, x, *self.parameters())
+    # identity hooks: x is kept as it is, not left to an enclosing checkpoint to drop and recompute
+    with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+        return _TiledMLP.apply(self._fastrl_forward, rows, x, *self.parameters())
+
+
+def _keep(t):
+    return t
 
 
 def tile_mlps(model: torch.nn.Module, rows: int | None = None) -> int:

@@ -35,3 +35,26 @@ def test_tiled_mlps_give_the_same_loss_and_gradients(checkpointing):
 def test_tile_rows_must_be_positive():
     with pytest.raises(ValueError, match="rows must be >= 1, got 0"):
         tile_mlps(_qwen(), rows=0)
+
+
+@pytest.mark.parametrize("keep_attention", [False, True], ids=["checkpoint", "keep-attention"])
+def test_checkpointed_tiled_mlp_runs_no_more_than_an_untiled_one(keep_attention):
+    # the layer's recomputation stops before a tiled MLP (it keeps its own input): each MLP runs every token
+    # twice (forward, then its tile's recomputation in the backward), as an untiled checkpointed MLP does
+    from fastrl.trainer.build import keep_attention_outputs
+
+    ids = torch.randint(0, 97, (2, 23), generator=torch.Generator().manual_seed(1))
+    rows_run = {}
+    for tiled in (False, True):
+        model = _qwen()
+        kwargs = {"use_reentrant": False} | ({"context_fn": keep_attention_outputs} if keep_attention else {})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.train()
+        if tiled:
+            tile_mlps(model, rows=7)
+        seen = []
+        for layer in model.model.layers:
+            layer.mlp.gate_proj.register_forward_hook(lambda mod, args, out: seen.append(out.shape[:-1].numel()))
+        model(input_ids=ids, labels=ids).loss.backward()
+        rows_run[tiled] = sum(seen)
+    assert rows_run == {False: 2 * 2 * ids.numel(), True: 2 * 2 * ids.numel()}
