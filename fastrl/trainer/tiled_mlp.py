@@ -9,11 +9,13 @@ transient is one tile's. The result is the same function (each token's output do
 the weight gradients are sums over the same tokens, in tiles). Inputs of at most `rows` tokens take the module's
 own forward, untouched.
 
-Under non-reentrant gradient checkpointing the tiled MLP keeps its input itself (`[tokens, D]`, as big as what
-the checkpoint keeps of the layer) instead of handing it to the checkpoint. The MLP is the layer's last op that
-saves anything, so the layer's recomputation stops before it (the checkpoint's early stop): the MLP runs one
-forward in the step's forward and one forward + backward per tile in the backward, the work of an untiled
-checkpointed MLP, and no second whole-sequence forward whose output nobody reads.
+The MLP is two autograd nodes. `_KeepInput` saves the input and, in the backward, runs the tiles; `_TileOutputs`
+after it forms the output and saves nothing, its backward handing the output's gradient back to `_KeepInput`.
+Under non-reentrant gradient checkpointing the input is then the layer's last saved tensor, packed before the
+output is formed, so the layer's recomputation stops there (the checkpoint's early stop) and never runs the
+whole sequence's MLP a second time. Each MLP runs every token twice a step (the forward, then its tile's
+forward and backward), the work of an untiled checkpointed MLP, and holds nothing beyond the checkpoint's.
+The tiles run under the autocast state of the forward.
 """
 
 import types
@@ -28,15 +30,27 @@ def tile_rows(intermediate_size: int) -> int:
     return max(1024, 2**24 // max(1, intermediate_size))
 
 
-class _TiledMLP(torch.autograd.Function):
+def _autocast_state(device_type: str):
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return device_type, torch.get_autocast_dtype(device_type)
+
+
+def _autocast(state):
+    if state is None:
+        return torch.autocast("cpu", enabled=False)
+    return torch.autocast(state[0], dtype=state[1])
+
+
+class _KeepInput(torch.autograd.Function):
+    """Identity on x, saving x and the MLP's parameters; its backward gets d(MLP output) and runs the tiles."""
+
     @staticmethod
     def forward(ctx, forward, rows, x, *params):
         ctx.forward, ctx.rows = forward, rows
+        ctx.autocast = _autocast_state(x.device.type)
         ctx.save_for_backward(x, *params)
-        flat = x.reshape(-1, x.shape[-1])
-        with torch.no_grad():
-            out = torch.cat([forward(tile) for tile in flat.split(rows)])
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
@@ -47,7 +61,7 @@ class _TiledMLP(torch.autograd.Function):
         d_x = torch.empty_like(flat) if ctx.needs_input_grad[2] else None
         for start in range(0, flat.shape[0], ctx.rows):
             tile = flat[start : start + ctx.rows].detach().requires_grad_(d_x is not None)
-            with torch.enable_grad():
+            with torch.enable_grad(), _autocast(ctx.autocast):
                 out = ctx.forward(tile)
             wrt = ([tile] if d_x is not None else []) + live
             grads = torch.autograd.grad(out, wrt, grad[start : start + ctx.rows], allow_unused=True)
@@ -62,21 +76,39 @@ class _TiledMLP(torch.autograd.Function):
         return (None, None, None if d_x is None else d_x.view(x.shape), *d_all)
 
 
+class _TileOutputs(torch.autograd.Function):
+    """The MLP's output from `_KeepInput`'s handle, tile by tile, saving nothing; its backward hands the output's
+    gradient to `_KeepInput` unchanged (an MLP keeps the hidden size, so it has the handle's shape)."""
+
+    @staticmethod
+    def forward(ctx, forward, rows, handle):
+        out = _tiled(forward, rows, handle)
+        if out.shape != handle.shape:
+            raise ValueError(
+                f"tile_mlps: an MLP mapped {tuple(handle.shape)} to {tuple(out.shape)}; only MLPs that keep the "
+                "hidden size can be tiled"
+            )
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, None, grad
+
+
+def _tiled(forward, rows: int, x: torch.Tensor) -> torch.Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch.cat([forward(tile) for tile in flat.split(rows)])
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
 def _tiled_forward(self, x, *args, **kwargs):
     rows = self._fastrl_tile_rows
     if args or kwargs or x.shape[:-1].numel() <= rows:
         return self._fastrl_forward(x, *args, **kwargs)
     if not torch.is_grad_enabled():
-        flat = x.reshape(-1, x.shape[-1])
-        out = torch.cat([self._fastrl_forward(tile) for tile in flat.split(rows)])
-        return out.view(*x.shape[:-1], out.shape[-1])
-    # identity hooks: x is kept as it is, not left to an enclosing checkpoint to drop and recompute
-    with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
-        return _TiledMLP.apply(self._fastrl_forward, rows, x, *self.parameters())
-
-
-def _keep(t):
-    return t
+        return _tiled(self._fastrl_forward, rows, x)
+    handle = _KeepInput.apply(self._fastrl_forward, rows, x, *self.parameters())
+    return _TileOutputs.apply(self._fastrl_forward, rows, handle)
 
 
 def tile_mlps(model: torch.nn.Module, rows: int | None = None) -> int:

@@ -58,3 +58,54 @@ def test_checkpointed_tiled_mlp_runs_no_more_than_an_untiled_one(keep_attention)
         model(input_ids=ids, labels=ids).loss.backward()
         rows_run[tiled] = sum(seen)
     assert rows_run == {False: 2 * 2 * ids.numel(), True: 2 * 2 * ids.numel()}
+
+
+def test_checkpointed_tiled_mlp_holds_nothing_beyond_the_checkpoint():
+    # between the forward and the backward a checkpointed layer keeps its input only: the tiled MLP's input
+    # (the post-attention norm's output) is dropped with the rest and rebuilt by the layer's recomputation
+    import weakref
+
+    model = _qwen()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    tile_mlps(model, rows=7)
+    inputs = []
+    for layer in model.model.layers:
+        layer.mlp.register_forward_pre_hook(lambda mod, args: inputs.append(weakref.ref(args[0])))
+    ids = torch.randint(0, 97, (2, 23), generator=torch.Generator().manual_seed(1))
+    loss = model(input_ids=ids, labels=ids).loss
+    assert len(inputs) == 2 and all(ref() is None for ref in inputs)
+    loss.backward()
+
+
+def test_tiles_recompute_under_the_forwards_autocast():
+    # the backward's tiles run the MLP in bfloat16 as the forward did, not in the weights' float32
+    model = _qwen().float()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    tile_mlps(model, rows=7)
+    dtypes = []
+    for layer in model.model.layers:
+        layer.mlp.gate_proj.register_forward_hook(lambda mod, args, out: dtypes.append(out.dtype))
+    ids = torch.randint(0, 97, (2, 23), generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, labels=ids).loss
+    forward = len(dtypes)
+    loss.backward()
+    assert forward == 2 * 7 and len(dtypes) == 4 * 7  # 46 tokens in 7 tiles, 2 layers, forward then backward
+    assert set(dtypes) == {torch.bfloat16}
+
+
+def test_an_mlp_that_changes_the_width_is_refused_by_name():
+    class WideMLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up_proj = torch.nn.Linear(4, 8)
+
+        def forward(self, x):
+            return self.up_proj(x)
+
+    mlp = WideMLP()
+    tile_mlps(mlp, rows=2)
+    with pytest.raises(ValueError, match=r"mapped \(5, 4\) to \(5, 8\); only MLPs that keep the hidden size"):
+        mlp(torch.randn(5, 4, requires_grad=True))
