@@ -30,25 +30,16 @@ def tile_rows(intermediate_size: int) -> int:
     return max(1024, 2**24 // max(1, intermediate_size))
 
 
-def _autocast_state(device_type: str):
-    if not torch.is_autocast_enabled(device_type):
-        return None
-    return device_type, torch.get_autocast_dtype(device_type)
-
-
-def _autocast(state):
-    if state is None:
-        return torch.autocast("cpu", enabled=False)
-    return torch.autocast(state[0], dtype=state[1])
-
-
 class _KeepInput(torch.autograd.Function):
     """Identity on x, saving x and the MLP's parameters; its backward gets d(MLP output) and runs the tiles."""
 
     @staticmethod
     def forward(ctx, forward, rows, x, *params):
         ctx.forward, ctx.rows = forward, rows
-        ctx.autocast = _autocast_state(x.device.type)
+        device = x.device.type  # the backward's tiles run under the forward's autocast state, as a checkpoint does
+        ctx.autocast = dict(
+            device_type=device, dtype=torch.get_autocast_dtype(device), enabled=torch.is_autocast_enabled(device)
+        )
         ctx.save_for_backward(x, *params)
         return x.view_as(x)
 
@@ -61,7 +52,7 @@ class _KeepInput(torch.autograd.Function):
         d_x = torch.empty_like(flat) if ctx.needs_input_grad[2] else None
         for start in range(0, flat.shape[0], ctx.rows):
             tile = flat[start : start + ctx.rows].detach().requires_grad_(d_x is not None)
-            with torch.enable_grad(), _autocast(ctx.autocast):
+            with torch.enable_grad(), torch.autocast(**ctx.autocast):
                 out = ctx.forward(tile)
             wrt = ([tile] if d_x is not None else []) + live
             grads = torch.autograd.grad(out, wrt, grad[start : start + ctx.rows], allow_unused=True)
