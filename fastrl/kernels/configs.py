@@ -21,6 +21,7 @@ __all__ = [
     "POLICY_MAX_BLOCK_T",
     "POLICY_MIN_BLOCK_T",
     "POLICY_NUM_WARPS",
+    "REPLAY_CONFIGS",
     "alloc",
     "arch_of",
     "autotune_enabled",
@@ -29,6 +30,7 @@ __all__ = [
     "kernel_and_kwargs",
     "logprob_kernel",
     "poison_outputs",
+    "replay_config",
     "shipped_configs",
     "sm_count",
     "token_bucket",
@@ -192,3 +194,22 @@ FUSED_STATS_BLOCK_V = 2048
 FUSED_STATS_NUM_WARPS = 8
 FUSED_DZ_BLOCK_V = 2048
 FUSED_DZ_NUM_WARPS = 8
+
+
+# The replay kernels (logprobs/replay_fwd.py, replay_bwd.py) gather rows of W (or of hidden) by token id and
+# reduce them with row-wise dots: no tensor cores, one fixed config per target and no autotuning ever, so a
+# row's reduction order never depends on the call (batch invariance). A [BLOCK_K, BLOCK_D] float32 tile is
+# 32 registers per thread at 4 warps.
+REPLAY_CONFIGS = {
+    "replay_fwd": {80: triton.Config({"BLOCK_K": 32, "BLOCK_D": 128}, num_warps=4, num_stages=2)},
+    "replay_dh": {80: triton.Config({"BLOCK_K": 32, "BLOCK_D": 128}, num_warps=4, num_stages=2)},
+    "replay_dw": {80: triton.Config({"BLOCK_K": 32, "BLOCK_D": 128}, num_warps=4, num_stages=2)},
+}
+for _cfgs in REPLAY_CONFIGS.values():
+    _cfgs[90] = _cfgs[80]
+
+
+def replay_config(kernel: str, device: torch.device) -> dict:
+    """The launch kwargs of a replay kernel on `device`: its one config (never autotuned)."""
+    cfg = REPLAY_CONFIGS[kernel][arch_of(device)]
+    return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}

@@ -1,0 +1,207 @@
+"""The replay walk in PyTorch: log-probs over the sampler's kept sets, O(M·D) work for M kept pairs (§9).
+
+Every sum runs in a fixed order that depends only on what is summed, never on N, the chunking or a thread
+count: a dot over D is a pairwise tree of elementwise adds (`tree_dot`), a sum over a segment of pairs (a row's
+set, or the pairs of one token id) a pairwise tree over the segment's ranks (`segment_sum`); maxima are
+exact. So two identical calls agree bit for bit, and a row's outputs do not depend on the other rows. No
+scatter with float accumulation whose order could vary is used: d_weight reduces the pairs sorted by token id
+(stably) segment by segment, each token's sum written once per chunk.
+
+Gathers of weight and hidden rows run in chunks of pairs sized by a fixed byte budget (`pair_chunk`).
+"""
+
+import os
+
+import torch
+
+from .kept_set import KeptSet
+
+__all__ = [
+    "final_logits",
+    "pair_chunk",
+    "replay_backward_torch",
+    "replay_forward_torch",
+    "row_stats",
+    "segment_sum",
+    "tree_dot",
+]
+
+# Bytes of one float32 `[pairs, D]` gather buffer: fixed (never scaled by N), so the walk's workspace is a
+# constant, and a handful of such buffers live at once.
+_PAIR_CHUNK_BYTES = 4 * 2**20
+
+
+def pair_chunk(d: int) -> int:
+    """Pairs per chunk: one float32 `[pairs, D]` buffer is about FASTRL_REPLAY_CHUNK_BYTES (default 4 MiB)."""
+    budget = int(os.environ.get("FASTRL_REPLAY_CHUNK_BYTES", _PAIR_CHUNK_BYTES))
+    return max(16, budget // (4 * max(d, 1)))
+
+
+def tree_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise dots of `[M, D]` float32 tensors, `[M]`: a product, then halving adds (a fixed pairwise tree)."""
+    x = a * b
+    width = x.shape[1]
+    while width > 1:
+        half, odd = width // 2, width % 2
+        x[:, :half] += x[:, half : 2 * half]
+        if odd:
+            x[:, half] = x[:, width - 1]
+        width = half + odd
+    return x[:, 0] if x.shape[1] else x.new_zeros(x.shape[0])
+
+
+def segment_sum(x: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums of the runs of equal consecutive `keys` over `x` (`[M]` or `[M, D]`, consumed): (run keys, sums).
+
+    Each run is summed by a pairwise tree over its ranks (rank r takes rank r + s at step s = 1, 2, 4, …),
+    so a run's sum depends only on its own values, and no position is written twice in a step.
+    """
+    m = keys.shape[0]
+    if m == 0:
+        return keys, x
+    first = torch.ones(m, dtype=torch.bool, device=keys.device)
+    first[1:] = keys[1:] != keys[:-1]
+    starts = torch.nonzero(first).squeeze(1)
+    run = torch.cumsum(first, 0) - 1
+    rank = torch.arange(m, device=keys.device) - starts[run]
+    end = torch.cat([starts[1:], starts.new_tensor([m])])[run]  # one past each pair's run
+    cand = torch.nonzero((rank % 2 == 0) & (torch.arange(m, device=keys.device) + 1 < end)).squeeze(1)
+    step = 1
+    while cand.numel():
+        x[cand] += x[cand + step]
+        step *= 2
+        cand = cand[(rank[cand] % (2 * step) == 0) & (cand + step < end[cand])]
+    return keys[starts], x[starts]
+
+
+def final_logits(x: torch.Tensor, scale: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """z = softcap(x)·scale: the raw logits `x` of pairs and their rows' scales (1/τ, or row_scale/τ)."""
+    if softcap is not None:
+        x = torch.tanh(x / softcap) * softcap
+    return x * scale
+
+
+def _pair_logits(hidden, weight, bias, ids, rows) -> torch.Tensor:
+    """x[j] = h[rows[j]]·W[ids[j]] + b[ids[j]], float32, `[M]`, in chunks of gathered rows."""
+    m, d = ids.shape[0], weight.shape[1]
+    x = torch.empty(m, dtype=torch.float32, device=hidden.device)
+    step = pair_chunk(d)
+    for start in range(0, m, step):
+        sl = slice(start, min(m, start + step))
+        w = weight.index_select(0, ids[sl]).float()
+        h = hidden.index_select(0, rows[sl]).float()
+        x[sl] = tree_dot(h, w)
+    if bias is not None:
+        x += bias.index_select(0, ids).float()
+    return x
+
+
+def row_stats(z: torch.Tensor, rows: torch.Tensor, n: int):
+    """Per-row (max, log Σ exp(z − max), Σ exp(z − max)(z − max) / Σ exp(z − max)) of pairs' logits, `[N]` each."""
+    dev = z.device
+    row_max = torch.full((n,), float("-inf"), dtype=torch.float32, device=dev)
+    row_max.scatter_reduce_(0, rows, z, "amax")
+    zc = z - row_max[rows]
+    e = torch.exp(zc)
+    keys, s = segment_sum(e.clone(), rows)
+    _, t = segment_sum(torch.where(e > 0, e * zc, 0.0), rows)  # a −inf logit (a banned token) adds 0, not NaN
+    sums, t_rows = torch.ones(n, device=dev), torch.zeros(n, device=dev)
+    sums[keys], t_rows[keys] = s, t
+    return row_max, sums.log(), t_rows / sums
+
+
+def replay_forward_torch(hidden, weight, bias, targets, scale, kept: KeptSet, softcap, ignore_index, missing_x):
+    """(logp `[N]`, lse `[N]`, entropy `[N]`, x `[M]`, x_missing): the forward over the kept pairs.
+
+    `missing_x`: the raw target logits of rows whose target is outside their set (`[n_missing]`), from
+    `missing_target_logits`; logp there is still z_y − log Σ_S exp z.
+    """
+    n = targets.shape[0]
+    x = _pair_logits(hidden, weight, bias, kept.ids, kept.rows)
+    z = final_logits(x, scale[kept.rows], softcap)
+    row_max, log_s, mean_zc = row_stats(z, kept.rows, n)
+    valid = targets != ignore_index
+    lse = torch.where(valid, row_max + log_s, 0.0)
+    entropy = torch.where(valid, log_s - mean_zc, 0.0)
+    z_y = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    hit = kept.target_pos >= 0
+    z_y[hit] = z[kept.target_pos[hit]]
+    if missing_x is not None:
+        rows = torch.nonzero(kept.missing).squeeze(1)
+        z_y[rows] = final_logits(missing_x, scale[rows], softcap)
+    return torch.where(valid, z_y - lse, 0.0), lse, entropy, x
+
+
+def missing_target_logits(hidden, weight, bias, targets, kept: KeptSet) -> torch.Tensor | None:
+    """Raw logits `[n_missing]` of the targets of rows flagged missing (None when there is none)."""
+    if not bool(kept.missing.any()):
+        return None
+    rows = torch.nonzero(kept.missing).squeeze(1)
+    return _pair_logits(hidden, weight, bias, targets[rows], rows)
+
+
+def pair_grads(x, z, scale_rows, lse, entropy, grad_logp, grad_entropy, kept: KeptSet, softcap):
+    """∂loss/∂x per pair `[M]`: ∂z = g·(1[v = y] − p) − e·p·(log p + H), times the scale and the cap's slope."""
+    rows = kept.rows
+    log_p = (z - lse[rows]).clamp_(min=torch.finfo(torch.float32).min)  # p = 0: p·log p is 0, not NaN
+    p = torch.exp(log_p)
+    dz = torch.zeros_like(z)
+    if grad_entropy is not None:
+        dz -= grad_entropy.float()[rows] * p * (log_p + entropy[rows])
+    if grad_logp is not None:
+        g = grad_logp.float()
+        dz -= g[rows] * p
+        hit = kept.target_pos >= 0
+        dz[kept.target_pos[hit]] += g[hit]
+    return dz * scale_rows * cap_slope(x, softcap)
+
+
+def cap_slope(x, softcap):
+    """d softcap(x) / dx = 1 − tanh²(x / cap) (1 without a cap)."""
+    if softcap is None:
+        return 1.0
+    return 1.0 - torch.tanh(x / softcap).square()
+
+
+def replay_backward_torch(hidden, weight, bias, c, kept: KeptSet, extra, needs):
+    """(d_hidden, d_weight, d_bias) from the pairs' ∂x `c` `[M]`; `extra` = (rows, ids, c) of missing targets.
+
+    d_hidden[i] = Σ_j c_j W[ids_j] over row i's pairs; d_weight[v] = Σ_j c_j h[rows_j] over the pairs of token v,
+    taken in (token id, row) order; d_bias[v] = Σ_j c_j likewise. Float32 sums, returned in the inputs' dtypes.
+    """
+    n, d, dev = hidden.shape[0], weight.shape[1], hidden.device
+    step = pair_chunk(d)
+    m = c.shape[0]
+    d_hidden = d_weight = d_bias = None
+    if needs[0]:
+        d_hidden = torch.zeros(n, d, dtype=torch.float32, device=dev)
+        for start in range(0, m, step):
+            sl = slice(start, min(m, start + step))
+            part = weight.index_select(0, kept.ids[sl]).float().mul_(c[sl].unsqueeze(1))
+            keys, sums = segment_sum(part, kept.rows[sl])
+            d_hidden[keys] += sums  # one write per row and chunk: a row split over chunks adds in chunk order
+        if extra is not None:
+            rows, ids, c_y = extra
+            d_hidden[rows] += weight.index_select(0, ids).float() * c_y.unsqueeze(1)
+        d_hidden = d_hidden.to(hidden.dtype)
+    if needs[1] or needs[2]:
+        ids, rows = kept.ids, kept.rows
+        order = kept.order
+        if extra is not None:  # the missing targets' one-hot terms join the pairs, sorted in again
+            ids, rows, c = torch.cat([ids, extra[1]]), torch.cat([rows, extra[0]]), torch.cat([c, extra[2]])
+            order = torch.sort(ids, stable=True).indices
+        ids_s, rows_s, c_s = ids[order], rows[order], c[order]
+        if needs[1]:
+            d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=dev)
+            for start in range(0, ids_s.shape[0], step):
+                sl = slice(start, min(ids_s.shape[0], start + step))
+                part = hidden.index_select(0, rows_s[sl]).float().mul_(c_s[sl].unsqueeze(1))
+                keys, sums = segment_sum(part, ids_s[sl])
+                d_weight[keys] += sums
+            d_weight = d_weight.to(weight.dtype)
+        if needs[2]:
+            keys, sums = segment_sum(c_s.clone(), ids_s)
+            d_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=dev)
+            d_bias[keys] = sums
+            d_bias = d_bias.to(bias.dtype)
+    return d_hidden, d_weight, d_bias
