@@ -16,7 +16,7 @@ from .. import configs
 from .kept_set import KeptSet
 from .tile import softcap_tile
 
-__all__ = ["replay_backward_triton", "replay_dh_kernel", "replay_dw_kernel"]
+__all__ = ["id_segments", "replay_backward_triton", "replay_dh_kernel", "replay_dw_kernel"]
 
 
 @triton.heuristics(
@@ -134,6 +134,14 @@ def replay_dw_kernel(
             tl.store(d_bias + b_v, b_accb)
 
 
+def id_segments(sorted_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The runs of sorted token ids: (each run's id `[U]`, run starts `[U + 1]` int64, the last = M)."""
+    seg_ids, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    seg_starts = torch.zeros(seg_ids.shape[0] + 1, dtype=torch.int64, device=sorted_ids.device)
+    torch.cumsum(counts, 0, out=seg_starts[1:])
+    return seg_ids, seg_starts
+
+
 def replay_backward_triton(hidden, weight, bias, targets, scale, lse, entropy, x, grad_logp, grad_entropy,
                            kept: KeptSet, params, extra, needs):  # fmt: skip
     """(d_hidden, d_weight, d_bias) of the replay forward; `extra` = (rows, ids, ∂x) of targets outside their
@@ -161,9 +169,7 @@ def replay_backward_triton(hidden, weight, bias, targets, scale, lse, entropy, x
         order = torch.sort(ids, stable=True).indices
     d_weight = d_bias = None
     if needs[1] or needs[2]:
-        seg_ids, counts = torch.unique_consecutive(ids[order], return_counts=True)
-        seg_starts = torch.zeros(seg_ids.shape[0] + 1, dtype=torch.int64, device=dev)
-        torch.cumsum(counts, 0, out=seg_starts[1:])
+        seg_ids, seg_starts = id_segments(ids[order])
         d_weight = torch.zeros(v, d, dtype=torch.float32, device=dev)
         d_bias = torch.zeros(v, dtype=torch.float32, device=dev) if needs[2] else None
         cfg = configs.replay_config("replay_dw", dev)

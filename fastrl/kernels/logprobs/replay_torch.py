@@ -17,6 +17,7 @@ import torch
 from .kept_set import KeptSet
 
 __all__ = [
+    "add_rows",
     "final_logits",
     "pair_chunk",
     "replay_backward_torch",
@@ -163,6 +164,12 @@ def cap_slope(x, softcap):
     return 1.0 - torch.tanh(x / softcap).square()
 
 
+def add_rows(out: torch.Tensor, keys: torch.Tensor, sums: torch.Tensor) -> None:
+    """out[keys] += sums for distinct keys (one segment each): every row is read and written once, so the
+    result does not depend on an accumulation order; a segment split over chunks adds in chunk order."""
+    out[keys] += sums
+
+
 def replay_backward_torch(hidden, weight, bias, c, kept: KeptSet, extra, needs):
     """(d_hidden, d_weight, d_bias) from the pairs' ∂x `c` `[M]`; `extra` = (rows, ids, c) of missing targets.
 
@@ -178,8 +185,7 @@ def replay_backward_torch(hidden, weight, bias, c, kept: KeptSet, extra, needs):
         for start in range(0, m, step):
             sl = slice(start, min(m, start + step))
             part = weight.index_select(0, kept.ids[sl]).float().mul_(c[sl].unsqueeze(1))
-            keys, sums = segment_sum(part, kept.rows[sl])
-            d_hidden[keys] += sums  # one write per row and chunk: a row split over chunks adds in chunk order
+            add_rows(d_hidden, *segment_sum(part, kept.rows[sl]))
         if extra is not None:
             rows, ids, c_y = extra
             d_hidden[rows] += weight.index_select(0, ids).float() * c_y.unsqueeze(1)
@@ -196,8 +202,7 @@ def replay_backward_torch(hidden, weight, bias, c, kept: KeptSet, extra, needs):
             for start in range(0, ids_s.shape[0], step):
                 sl = slice(start, min(ids_s.shape[0], start + step))
                 part = hidden.index_select(0, rows_s[sl]).float().mul_(c_s[sl].unsqueeze(1))
-                keys, sums = segment_sum(part, ids_s[sl])
-                d_weight[keys] += sums
+                add_rows(d_weight, *segment_sum(part, ids_s[sl]))
             d_weight = d_weight.to(weight.dtype)
         if needs[2]:
             keys, sums = segment_sum(c_s.clone(), ids_s)
