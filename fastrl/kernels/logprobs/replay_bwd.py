@@ -66,7 +66,7 @@ def replay_dh_kernel(
         b_e = tl.load(grad_entropy + i_n).to(tl.float32)
     o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
     m_d = o_d < D
-    b_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    b_acc = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)  # reduced over the lanes once, at the end
     for k0 in range(k_lo, k_hi, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)
         m_k = o_k < k_hi
@@ -85,8 +85,8 @@ def replay_dh_kernel(
             tl.store(c_out + o_k, b_c, mask=m_k)
         p_w = weight + b_id[:, None] * stride_wv + o_d[None, :] * stride_wd  # [BK, BD]
         b_w = tl.load(p_w, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-        b_acc += tl.sum(b_c[:, None] * b_w, axis=0)
-    tl.store(d_hidden + i_n * stride_dhn + o_d, b_acc, mask=m_d)
+        b_acc += b_c[:, None] * b_w
+    tl.store(d_hidden + i_n * stride_dhn + o_d, tl.sum(b_acc, axis=0), mask=m_d)
 
 
 @triton.heuristics({"HAS_BIAS_GRAD": lambda args: args["d_bias"] is not None})
@@ -115,8 +115,8 @@ def replay_dw_kernel(
     b_v = tl.load(seg_ids + i_u)
     o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
     m_d = o_d < D
-    b_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    b_accb = tl.zeros([], dtype=tl.float32)
+    b_acc = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)  # reduced over the lanes once, at the end
+    b_accb = tl.zeros([BLOCK_K], dtype=tl.float32)
     for j0 in range(j_lo, j_hi, BLOCK_K):
         o_j = j0 + tl.arange(0, BLOCK_K)
         m_j = o_j < j_hi
@@ -125,13 +125,13 @@ def replay_dw_kernel(
         b_r = tl.load(rows + b_pair, mask=m_j, other=0).to(tl.int64)
         p_h = hidden + b_r[:, None] * stride_hn + o_d[None, :] * stride_hd  # [BK, BD]
         b_hid = tl.load(p_h, mask=m_j[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-        b_acc += tl.sum(b_c[:, None] * b_hid, axis=0)
+        b_acc += b_c[:, None] * b_hid
         if HAS_BIAS_GRAD:
-            b_accb += tl.sum(b_c)
-    tl.store(d_weight + b_v * stride_dwv + o_d, b_acc, mask=m_d)
+            b_accb += b_c
+    tl.store(d_weight + b_v * stride_dwv + o_d, tl.sum(b_acc, axis=0), mask=m_d)
     if HAS_BIAS_GRAD:
         if i_d == 0:
-            tl.store(d_bias + b_v, b_accb)
+            tl.store(d_bias + b_v, tl.sum(b_accb))
 
 
 def id_segments(sorted_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,22 +51,25 @@ def replay_fwd_kernel(
     k_hi = tl.load(offsets + i_n + 1)
     b_y = tl.load(targets + i_n)
     b_scale = tl.load(scale + i_n)
-    b_m = tl.full([], _M_INIT, dtype=tl.float32)
-    b_s = tl.zeros([], dtype=tl.float32)
-    b_t = tl.zeros([], dtype=tl.float32)
-    b_zy = tl.zeros([], dtype=tl.float32)
+    # lane-wise online statistics (lane j folds positions j, j + BLOCK_K, …), merged once at the end: one
+    # reduction per piece of the set (the dot over D), and a fixed order
+    b_m = tl.full([BLOCK_K], _M_INIT, dtype=tl.float32)
+    b_s = tl.zeros([BLOCK_K], dtype=tl.float32)
+    b_t = tl.zeros([BLOCK_K], dtype=tl.float32)
+    b_zy = tl.zeros([BLOCK_K], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)
         m_k = o_k < k_hi
         b_id = tl.load(ids + o_k, mask=m_k, other=0).to(tl.int64)
-        b_x = tl.zeros([BLOCK_K], dtype=tl.float32)
+        b_hw = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
         for d0 in range(0, D, BLOCK_D):
             o_d = d0 + tl.arange(0, BLOCK_D)
             m_d = o_d < D
             b_h = tl.load(hidden + i_n * stride_hn + o_d * stride_hd, mask=m_d, other=0.0).to(tl.float32)  # [BD]
             p_w = weight + b_id[:, None] * stride_wv + o_d[None, :] * stride_wd  # [BK, BD]
             b_w = tl.load(p_w, mask=m_k[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-            b_x += tl.sum(b_w * b_h[None, :], axis=1)
+            b_hw += b_w * b_h[None, :]
+        b_x = tl.sum(b_hw, axis=1)  # [BK]
         if HAS_BIAS:
             b_x += tl.load(bias + b_id * stride_b, mask=m_k, other=0.0).to(tl.float32)
         tl.store(x_out + o_k, b_x, mask=m_k)
@@ -74,14 +77,20 @@ def replay_fwd_kernel(
         if HAS_SOFTCAP:
             b_z = softcap_tile(b_z, softcap)
         b_z = tl.where(m_k, b_z * b_scale, _M_INIT)  # [BK]
-        b_zy += tl.sum(tl.where(m_k & (b_id == b_y), b_z, 0.0))  # at most one pair holds the target
-        b_mn = tl.maximum(b_m, tl.max(b_z))
+        b_zy += tl.where(m_k & (b_id == b_y), b_z, 0.0)  # at most one pair holds the target
+        b_mn = tl.maximum(b_m, b_z)
         b_alpha = tl.exp(b_m - b_mn)
         b_zc = b_z - b_mn
-        b_p = tl.exp(b_zc)
-        b_t = b_alpha * (b_t + (b_m - b_mn) * b_s) + tl.sum(tl.where(b_p > 0.0, b_p * b_zc, 0.0))
-        b_s = b_alpha * b_s + tl.sum(b_p)
+        b_p = tl.where(m_k, tl.exp(b_zc), 0.0)
+        b_t = b_alpha * (b_t + (b_m - b_mn) * b_s) + tl.where(b_p > 0.0, b_p * b_zc, 0.0)
+        b_s = b_alpha * b_s + b_p
         b_m = b_mn
+    b_max = tl.max(b_m)
+    b_beta = tl.where(b_s > 0.0, tl.exp(b_m - b_max), 0.0)  # [BK]: an unused lane (s = 0) adds nothing
+    b_t = tl.sum(b_beta * (b_t + (b_m - b_max) * b_s))
+    b_s = tl.sum(b_beta * b_s)
+    b_m = b_max
+    b_zy = tl.sum(b_zy)
     b_live = k_hi > k_lo  # an ignored row has an empty set
     b_log_s = tl.log(tl.where(b_live, b_s, 1.0))
     b_lse = tl.where(b_live, b_m + b_log_s, 0.0)
