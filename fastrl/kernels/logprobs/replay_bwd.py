@@ -14,9 +14,10 @@ import triton.language as tl
 
 from .. import configs
 from .kept_set import KeptSet
+from .replay_torch import id_segments
 from .tile import softcap_tile
 
-__all__ = ["id_segments", "replay_backward_triton", "replay_dh_kernel", "replay_dw_kernel"]
+__all__ = ["replay_backward_triton", "replay_dh_kernel", "replay_dw_kernel"]
 
 
 @triton.heuristics(
@@ -132,14 +133,6 @@ def replay_dw_kernel(
     if HAS_BIAS_GRAD:
         if i_d == 0:
             tl.store(d_bias + b_v, tl.sum(b_accb))
-
-
-def id_segments(sorted_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The runs of sorted token ids: (each run's id `[U]`, run starts `[U + 1]` int64, the last = M)."""
-    seg_ids, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
-    seg_starts = torch.zeros(seg_ids.shape[0] + 1, dtype=torch.int64, device=sorted_ids.device)
-    torch.cumsum(counts, 0, out=seg_starts[1:])
-    return seg_ids, seg_starts
 
 
 def replay_backward_triton(hidden, weight, bias, targets, scale, lse, entropy, x, grad_logp, grad_entropy,

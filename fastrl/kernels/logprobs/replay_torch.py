@@ -1,11 +1,11 @@
 """The replay walk in PyTorch: log-probs over the sampler's kept sets, O(M·D) work for M kept pairs (§9).
 
-Every sum runs in a fixed order that depends only on what is summed, never on N, the chunking or a thread
-count: a dot over D is a pairwise tree of elementwise adds (`tree_dot`), a sum over a segment of pairs (a row's
-set, or the pairs of one token id) a pairwise tree over the segment's ranks (`segment_sum`); maxima are
-exact. So two identical calls agree bit for bit, and a row's outputs do not depend on the other rows. No
-scatter with float accumulation whose order could vary is used: d_weight reduces the pairs sorted by token id
-(stably) segment by segment, each token's sum written once per chunk.
+Every sum runs in an order fixed by what is summed, never by N, the chunking or a thread count: a dot over D is
+a pairwise tree of elementwise adds (`tree_dot`); a sum over a segment of pairs (a row's set, or the pairs of
+one token id) is one `embedding_bag` bag, which adds its entries in order, alone (`bag_sum`); maxima are exact.
+So two identical calls agree bit for bit, and a row's outputs do not depend on the other rows. No scatter with
+float accumulation is used: d_weight sums the pairs sorted by token id (stably) bag by bag, each token's row
+written once per chunk.
 
 Gathers of weight and hidden rows run in chunks of pairs sized by a fixed byte budget (`pair_chunk`).
 """
@@ -13,6 +13,7 @@ Gathers of weight and hidden rows run in chunks of pairs sized by a fixed byte b
 import os
 
 import torch
+import torch.nn.functional as F
 
 from .kept_set import KeptSet
 
@@ -23,7 +24,9 @@ __all__ = [
     "replay_backward_torch",
     "replay_forward_torch",
     "row_stats",
-    "segment_sum",
+    "bag_sum",
+    "id_segments",
+    "row_sums",
     "tree_dot",
 ]
 
@@ -51,28 +54,46 @@ def tree_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return x[:, 0] if x.shape[1] else x.new_zeros(x.shape[0])
 
 
-def segment_sum(x: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sums of the runs of equal consecutive `keys` over `x` (`[M]` or `[M, D]`, consumed): (run keys, sums).
+def bag_sum(table, idx, offsets, weights, out, out_rows=None) -> torch.Tensor:
+    """out[b] += Σ_j weights[j]·table[idx[j]] over each bag j ∈ [offsets[b], offsets[b + 1]) (float32 `out`).
 
-    Each run is summed by a pairwise tree over its ranks (rank r takes rank r + s at step s = 1, 2, 4, …),
-    so a run's sum depends only on its own values, and no position is written twice in a step.
+    Each bag is one `embedding_bag` sum, which walks its entries in order, alone (on the CPU and on CUDA): a
+    bag's sum does not depend on the other bags. The pairs go in chunks of `pair_chunk` (a half-precision table's
+    rows are gathered and upcast per chunk); a bag split over chunks adds its pieces in chunk order. `out_rows`
+    maps bags to rows of `out` (distinct), else bag b is row b.
     """
-    m = keys.shape[0]
-    if m == 0:
-        return keys, x
-    first = torch.ones(m, dtype=torch.bool, device=keys.device)
-    first[1:] = keys[1:] != keys[:-1]
-    starts = torch.nonzero(first).squeeze(1)
-    run = torch.cumsum(first, 0) - 1
-    rank = torch.arange(m, device=keys.device) - starts[run]
-    end = torch.cat([starts[1:], starts.new_tensor([m])])[run]  # one past each pair's run
-    cand = torch.nonzero((rank % 2 == 0) & (torch.arange(m, device=keys.device) + 1 < end)).squeeze(1)
-    step = 1
-    while cand.numel():
-        x[cand] += x[cand + step]
-        step *= 2
-        cand = cand[(rank[cand] % (2 * step) == 0) & (cand + step < end[cand])]
-    return keys[starts], x[starts]
+    m, d = idx.shape[0], out.shape[1]
+    step = pair_chunk(d)
+    for p0 in range(0, m, step):
+        p1 = min(m, p0 + step)
+        b0, b1 = (torch.searchsorted(offsets, offsets.new_tensor([p0, p1 - 1]), right=True) - 1).tolist()
+        local = offsets[b0 : b1 + 2].clamp(p0, p1) - p0
+        if table.dtype == torch.float32:
+            tab, ix = table, idx[p0:p1]
+        else:
+            tab, ix = table.index_select(0, idx[p0:p1]).float(), torch.arange(p1 - p0, device=idx.device)
+        part = F.embedding_bag(ix, tab, local, mode="sum", per_sample_weights=weights[p0:p1], include_last_offset=True)
+        if out_rows is None:
+            out[b0 : b1 + 1] += part
+        else:
+            add_rows(out, out_rows[b0 : b1 + 1], part)
+    return out
+
+
+def row_sums(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """`[N]` float32 sums of `[M]` values over the CSR rows, each a bag sum (see `bag_sum`)."""
+    ones = torch.ones(1, 1, dtype=torch.float32, device=values.device)
+    out = torch.zeros(offsets.shape[0] - 1, 1, dtype=torch.float32, device=values.device)
+    idx = torch.zeros(values.shape[0], dtype=torch.int64, device=values.device)
+    return bag_sum(ones, idx, offsets, values, out)[:, 0]
+
+
+def id_segments(sorted_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The runs of sorted token ids: (each run's id `[U]`, run starts `[U + 1]` int64, the last = M)."""
+    seg_ids, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    seg_starts = torch.zeros(seg_ids.shape[0] + 1, dtype=torch.int64, device=sorted_ids.device)
+    torch.cumsum(counts, 0, out=seg_starts[1:])
+    return seg_ids, seg_starts
 
 
 def final_logits(x: torch.Tensor, scale: torch.Tensor, softcap: float | None) -> torch.Tensor:
@@ -97,18 +118,18 @@ def _pair_logits(hidden, weight, bias, ids, rows) -> torch.Tensor:
     return x
 
 
-def row_stats(z: torch.Tensor, rows: torch.Tensor, n: int):
-    """Per-row (max, log Σ exp(z − max), Σ exp(z − max)(z − max) / Σ exp(z − max)) of pairs' logits, `[N]` each."""
-    dev = z.device
-    row_max = torch.full((n,), float("-inf"), dtype=torch.float32, device=dev)
-    row_max.scatter_reduce_(0, rows, z, "amax")
+def row_stats(z: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor):
+    """Per-row (max, log Σ exp(z − max), Σ exp(z − max)(z − max) / Σ exp(z − max)) of pairs' logits, `[N]` each
+    (an empty row: −inf, 0, 0)."""
+    n = offsets.shape[0] - 1
+    row_max = torch.full((n,), float("-inf"), dtype=torch.float32, device=z.device)
+    row_max.scatter_reduce_(0, rows, z, "amax")  # a max is exact in any order
     zc = z - row_max[rows]
     e = torch.exp(zc)
-    keys, s = segment_sum(e.clone(), rows)
-    _, t = segment_sum(torch.where(e > 0, e * zc, 0.0), rows)  # a −inf logit (a banned token) adds 0, not NaN
-    sums, t_rows = torch.ones(n, device=dev), torch.zeros(n, device=dev)
-    sums[keys], t_rows[keys] = s, t
-    return row_max, sums.log(), t_rows / sums
+    s = row_sums(e, offsets)
+    t = row_sums(torch.where(e > 0, e * zc, 0.0), offsets)  # a −inf logit (a banned token) adds 0, not NaN
+    s = torch.where(s > 0, s, 1.0)
+    return row_max, s.log(), t / s
 
 
 def replay_forward_torch(hidden, weight, bias, targets, scale, kept: KeptSet, softcap, ignore_index, missing_x):
@@ -120,7 +141,7 @@ def replay_forward_torch(hidden, weight, bias, targets, scale, kept: KeptSet, so
     n = targets.shape[0]
     x = _pair_logits(hidden, weight, bias, kept.ids, kept.rows)
     z = final_logits(x, scale[kept.rows], softcap)
-    row_max, log_s, mean_zc = row_stats(z, kept.rows, n)
+    row_max, log_s, mean_zc = row_stats(z, kept.rows, kept.offsets)
     valid = targets != ignore_index
     lse = torch.where(valid, row_max + log_s, 0.0)
     entropy = torch.where(valid, log_s - mean_zc, 0.0)
@@ -177,15 +198,9 @@ def replay_backward_torch(hidden, weight, bias, c, kept: KeptSet, extra, needs):
     taken in (token id, row) order; d_bias[v] = Σ_j c_j likewise. Float32 sums, returned in the inputs' dtypes.
     """
     n, d, dev = hidden.shape[0], weight.shape[1], hidden.device
-    step = pair_chunk(d)
-    m = c.shape[0]
     d_hidden = d_weight = d_bias = None
     if needs[0]:
-        d_hidden = torch.zeros(n, d, dtype=torch.float32, device=dev)
-        for start in range(0, m, step):
-            sl = slice(start, min(m, start + step))
-            part = weight.index_select(0, kept.ids[sl]).float().mul_(c[sl].unsqueeze(1))
-            add_rows(d_hidden, *segment_sum(part, kept.rows[sl]))
+        d_hidden = bag_sum(weight, kept.ids, kept.offsets, c, torch.zeros(n, d, dtype=torch.float32, device=dev))
         if extra is not None:
             rows, ids, c_y = extra
             d_hidden[rows] += weight.index_select(0, ids).float() * c_y.unsqueeze(1)
@@ -196,17 +211,14 @@ def replay_backward_torch(hidden, weight, bias, c, kept: KeptSet, extra, needs):
         if extra is not None:  # the missing targets' one-hot terms join the pairs, sorted in again
             ids, rows, c = torch.cat([ids, extra[1]]), torch.cat([rows, extra[0]]), torch.cat([c, extra[2]])
             order = torch.sort(ids, stable=True).indices
-        ids_s, rows_s, c_s = ids[order], rows[order], c[order]
+        seg_ids, seg_starts = id_segments(ids[order])
+        c_s = c[order]
         if needs[1]:
             d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=dev)
-            for start in range(0, ids_s.shape[0], step):
-                sl = slice(start, min(ids_s.shape[0], start + step))
-                part = hidden.index_select(0, rows_s[sl]).float().mul_(c_s[sl].unsqueeze(1))
-                add_rows(d_weight, *segment_sum(part, ids_s[sl]))
+            bag_sum(hidden, rows[order], seg_starts, c_s, d_weight, seg_ids)
             d_weight = d_weight.to(weight.dtype)
         if needs[2]:
-            keys, sums = segment_sum(c_s.clone(), ids_s)
             d_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=dev)
-            d_bias[keys] = sums
+            d_bias[seg_ids] = row_sums(c_s, seg_starts)
             d_bias = d_bias.to(bias.dtype)
     return d_hidden, d_weight, d_bias

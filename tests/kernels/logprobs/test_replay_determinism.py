@@ -89,16 +89,11 @@ def test_replay_kernels_use_no_atomics_and_no_autotuning(monkeypatch):
 
 
 def test_planted_position_dependent_sum_fails(monkeypatch):
-    # a segment sum by running-sum differences: right to rounding, but its bits depend on what precedes a row
-    def cumsum_segments(x, keys):
-        first = torch.ones_like(keys, dtype=torch.bool)
-        first[1:] = keys[1:] != keys[:-1]
-        last = torch.ones_like(first)
-        last[:-1] = first[1:]
-        run = torch.cumsum(x, 0)
-        before = torch.cat([run.new_zeros((1, *run.shape[1:])), run[:-1]])[first]
-        return keys[first], run[last] - before
+    # row sums by running-sum differences: right to rounding, but their bits depend on what precedes a row
+    def cumsum_rows(values, offsets):
+        run = torch.cat([values.new_zeros(1), torch.cumsum(values, 0)])
+        return run[offsets[1:]] - run[offsets[:-1]]
 
-    monkeypatch.setattr(replay_torch, "segment_sum", cumsum_segments)
+    monkeypatch.setattr(replay_torch, "row_sums", cumsum_rows)
     with pytest.raises(AssertionError, match="torch.equal"):
         test_a_rows_outputs_do_not_depend_on_the_batch("torch", 4096, monkeypatch)
