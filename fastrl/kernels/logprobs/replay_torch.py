@@ -4,8 +4,7 @@ Every sum runs in an order fixed by what is summed, never by N, the chunking or 
 a pairwise tree of elementwise adds (`tree_dot`); a sum over a segment of pairs (a row's set, or the pairs of
 one token id) is one `embedding_bag` bag, which adds its entries in order, alone (`bag_sum`); maxima are exact.
 So two identical calls agree bit for bit, and a row's outputs do not depend on the other rows. No scatter with
-float accumulation is used: d_weight sums the pairs sorted by token id (stably) bag by bag, each token's row
-written once per chunk.
+float accumulation is used: d_weight sums the pairs sorted by token id (stably), one bag per token.
 
 Gathers of weight and hidden rows run in chunks of pairs sized by a fixed byte budget (`pair_chunk`).
 """
@@ -18,7 +17,6 @@ import torch.nn.functional as F
 from .kept_set import KeptSet
 
 __all__ = [
-    "add_rows",
     "final_logits",
     "pair_chunk",
     "replay_backward_torch",
@@ -27,6 +25,7 @@ __all__ = [
     "bag_sum",
     "id_segments",
     "row_sums",
+    "token_offsets",
     "tree_dot",
 ]
 
@@ -54,38 +53,41 @@ def tree_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return x[:, 0] if x.shape[1] else x.new_zeros(x.shape[0])
 
 
-def bag_sum(table, idx, offsets, weights, out, out_rows=None) -> torch.Tensor:
-    """out[b] += Σ_j weights[j]·table[idx[j]] over each bag j ∈ [offsets[b], offsets[b + 1]) (float32 `out`).
+def bag_sum(table, idx, offsets, weights) -> torch.Tensor:
+    """`[B, D]` float32: Σ_j weights[j]·table[idx[j]] over each bag j ∈ [offsets[b], offsets[b + 1]).
 
     Each bag is one `embedding_bag` sum, which walks its entries in order, alone (on the CPU and on CUDA): a
-    bag's sum does not depend on the other bags. The pairs go in chunks of `pair_chunk` (a half-precision table's
-    rows are gathered and upcast per chunk); a bag split over chunks adds its pieces in chunk order. `out_rows`
-    maps bags to rows of `out` (distinct), else bag b is row b.
+    bag's sum does not depend on the other bags. A float32 table is read in place (the output is the only
+    allocation); a half-precision table's rows are gathered and upcast in chunks of `pair_chunk` pairs, and a
+    bag split over chunks adds its pieces in chunk order.
     """
-    m, d = idx.shape[0], out.shape[1]
-    step = pair_chunk(d)
+    if table.dtype == torch.float32:
+        return F.embedding_bag(idx, table, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True)
+    m = idx.shape[0]
+    out = torch.zeros(offsets.shape[0] - 1, table.shape[1], dtype=torch.float32, device=table.device)
+    step = pair_chunk(table.shape[1])
     for p0 in range(0, m, step):
         p1 = min(m, p0 + step)
         b0, b1 = (torch.searchsorted(offsets, offsets.new_tensor([p0, p1 - 1]), right=True) - 1).tolist()
         local = offsets[b0 : b1 + 2].clamp(p0, p1) - p0
-        if table.dtype == torch.float32:
-            tab, ix = table, idx[p0:p1]
-        else:
-            tab, ix = table.index_select(0, idx[p0:p1]).float(), torch.arange(p1 - p0, device=idx.device)
-        part = F.embedding_bag(ix, tab, local, mode="sum", per_sample_weights=weights[p0:p1], include_last_offset=True)
-        if out_rows is None:
-            out[b0 : b1 + 1] += part
-        else:
-            add_rows(out, out_rows[b0 : b1 + 1], part)
+        rows = table.index_select(0, idx[p0:p1]).float()
+        ix = torch.arange(p1 - p0, device=idx.device)
+        out[b0 : b1 + 1] += F.embedding_bag(
+            ix, rows, local, mode="sum", per_sample_weights=weights[p0:p1], include_last_offset=True
+        )
     return out
 
 
 def row_sums(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """`[N]` float32 sums of `[M]` values over the CSR rows, each a bag sum (see `bag_sum`)."""
     ones = torch.ones(1, 1, dtype=torch.float32, device=values.device)
-    out = torch.zeros(offsets.shape[0] - 1, 1, dtype=torch.float32, device=values.device)
     idx = torch.zeros(values.shape[0], dtype=torch.int64, device=values.device)
-    return bag_sum(ones, idx, offsets, values, out)[:, 0]
+    return bag_sum(ones, idx, offsets, values)[:, 0]
+
+
+def token_offsets(sorted_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`[V + 1]` int64: where each token id's run starts in the sorted ids (its bag of pairs; empty if absent)."""
+    return torch.searchsorted(sorted_ids, torch.arange(vocab + 1, device=sorted_ids.device))
 
 
 def id_segments(sorted_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,22 +187,16 @@ def cap_slope(x, softcap):
     return 1.0 - torch.tanh(x / softcap).square()
 
 
-def add_rows(out: torch.Tensor, keys: torch.Tensor, sums: torch.Tensor) -> None:
-    """out[keys] += sums for distinct keys (one segment each): every row is read and written once, so the
-    result does not depend on an accumulation order; a segment split over chunks adds in chunk order."""
-    out[keys] += sums
-
-
 def replay_backward_torch(hidden, weight, bias, c, kept: KeptSet, extra, needs):
     """(d_hidden, d_weight, d_bias) from the pairs' ∂x `c` `[M]`; `extra` = (rows, ids, c) of missing targets.
 
     d_hidden[i] = Σ_j c_j W[ids_j] over row i's pairs; d_weight[v] = Σ_j c_j h[rows_j] over the pairs of token v,
     taken in (token id, row) order; d_bias[v] = Σ_j c_j likewise. Float32 sums, returned in the inputs' dtypes.
     """
-    n, d, dev = hidden.shape[0], weight.shape[1], hidden.device
+    v = weight.shape[0]
     d_hidden = d_weight = d_bias = None
     if needs[0]:
-        d_hidden = bag_sum(weight, kept.ids, kept.offsets, c, torch.zeros(n, d, dtype=torch.float32, device=dev))
+        d_hidden = bag_sum(weight, kept.ids, kept.offsets, c)
         if extra is not None:
             rows, ids, c_y = extra
             d_hidden[rows] += weight.index_select(0, ids).float() * c_y.unsqueeze(1)
@@ -211,14 +207,10 @@ def replay_backward_torch(hidden, weight, bias, c, kept: KeptSet, extra, needs):
         if extra is not None:  # the missing targets' one-hot terms join the pairs, sorted in again
             ids, rows, c = torch.cat([ids, extra[1]]), torch.cat([rows, extra[0]]), torch.cat([c, extra[2]])
             order = torch.sort(ids, stable=True).indices
-        seg_ids, seg_starts = id_segments(ids[order])
+        offsets = token_offsets(ids[order], v)
         c_s = c[order]
         if needs[1]:
-            d_weight = torch.zeros(weight.shape, dtype=torch.float32, device=dev)
-            bag_sum(hidden, rows[order], seg_starts, c_s, d_weight, seg_ids)
-            d_weight = d_weight.to(weight.dtype)
+            d_weight = bag_sum(hidden, rows[order], offsets, c_s).to(weight.dtype)
         if needs[2]:
-            d_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=dev)
-            d_bias[seg_ids] = row_sums(c_s, seg_starts)
-            d_bias = d_bias.to(bias.dtype)
+            d_bias = row_sums(c_s, offsets).to(bias.dtype)
     return d_hidden, d_weight, d_bias

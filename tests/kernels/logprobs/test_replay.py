@@ -87,15 +87,16 @@ def test_planted_dropped_denominator_token_fails(monkeypatch):
         check_against_oracle(make_case(), "torch", {})
 
 
-def test_planted_d_weight_on_the_wrong_row_fails_torch(monkeypatch):
-    case = make_case()
-    vocab = case["weight"].shape[0]
-    orig = replay_torch.add_rows
-    monkeypatch.setattr(
-        replay_torch,
-        "add_rows",
-        lambda out, keys, sums: orig(out, (keys + (out.shape[0] == vocab)) % out.shape[0], sums),
-    )
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_planted_d_weight_on_the_wrong_row_fails_torch(monkeypatch, dtype):
+    case = make_case(dtype=dtype, head=torch.float32)
+    orig = replay_torch.token_offsets
+
+    def planted(sorted_ids, vocab):  # token v's bag holds token v − 1's pairs
+        off = orig(sorted_ids, vocab)
+        return torch.cat([off[:1], off[:-2], off[-1:]])
+
+    monkeypatch.setattr(replay_torch, "token_offsets", planted)
     with pytest.raises(AssertionError, match="d_weight"):
         check_against_oracle(case, "torch", {})
 
