@@ -10,6 +10,7 @@ Gathers of weight and hidden rows run in chunks of pairs sized by a fixed byte b
 """
 
 import os
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -105,16 +106,32 @@ def final_logits(x: torch.Tensor, scale: torch.Tensor, softcap: float | None) ->
     return x * scale
 
 
-def _pair_logits(hidden, weight, bias, ids, rows) -> torch.Tensor:
-    """x[j] = h[rows[j]]·W[ids[j]] + b[ids[j]], float32, `[M]`, in chunks of gathered rows."""
+def _pair_logits(hidden, weight, bias, ids, rows, offsets) -> torch.Tensor:
+    """x[j] = h[rows[j]]·W[ids[j]] + b[ids[j]], float32, `[M]`, for the CSR pairs (`offsets` `[N + 1]`).
+
+    A float32 head takes torch's sampled matmul (`sampled_addmm`: one dot per pair, in place, nothing gathered;
+    on the CPU each dot is a vectorized reduction over D alone). A half-precision head gathers and upcasts its
+    rows in chunks of `pair_chunk` pairs and takes `tree_dot` (float32 sums of half-precision products).
+    """
     m, d = ids.shape[0], weight.shape[1]
-    x = torch.empty(m, dtype=torch.float32, device=hidden.device)
-    step = pair_chunk(d)
-    for start in range(0, m, step):
-        sl = slice(start, min(m, start + step))
-        w = weight.index_select(0, ids[sl]).float()
-        h = hidden.index_select(0, rows[sl]).float()
-        x[sl] = tree_dot(h, w)
+    if m == 0:
+        return torch.zeros(0, dtype=torch.float32, device=hidden.device)
+    if weight.dtype == torch.float32:
+        with warnings.catch_warnings():  # "sparse CSR support is in beta": the one op used here is tested
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+            pattern = torch.sparse_csr_tensor(
+                offsets, ids, torch.zeros(m, dtype=torch.float32, device=hidden.device),
+                size=(hidden.shape[0], weight.shape[0]), check_invariants=False,
+            )  # fmt: skip
+        x = torch.sparse.sampled_addmm(pattern, hidden.float().contiguous(), weight.T, beta=0.0).values()
+    else:
+        x = torch.empty(m, dtype=torch.float32, device=hidden.device)
+        step = pair_chunk(d)
+        for start in range(0, m, step):
+            sl = slice(start, min(m, start + step))
+            w = weight.index_select(0, ids[sl]).float()
+            h = hidden.index_select(0, rows[sl]).float()
+            x[sl] = tree_dot(h, w)
     if bias is not None:
         x += bias.index_select(0, ids).float()
     return x
@@ -141,7 +158,7 @@ def replay_forward_torch(hidden, weight, bias, targets, scale, kept: KeptSet, so
     `missing_target_logits`; logp there is still z_y − log Σ_S exp z.
     """
     n = targets.shape[0]
-    x = _pair_logits(hidden, weight, bias, kept.ids, kept.rows)
+    x = _pair_logits(hidden, weight, bias, kept.ids, kept.rows, kept.offsets)
     z = final_logits(x, scale[kept.rows], softcap)
     row_max, log_s, mean_zc = row_stats(z, kept.rows, kept.offsets)
     valid = targets != ignore_index
@@ -161,7 +178,10 @@ def missing_target_logits(hidden, weight, bias, targets, kept: KeptSet) -> torch
     if not bool(kept.missing.any()):
         return None
     rows = torch.nonzero(kept.missing).squeeze(1)
-    return _pair_logits(hidden, weight, bias, targets[rows], rows)
+    local = torch.arange(rows.shape[0], device=rows.device)
+    return _pair_logits(
+        hidden[rows], weight, bias, targets[rows], local, torch.arange(rows.shape[0] + 1, device=rows.device)
+    )
 
 
 def pair_grads(x, z, scale_rows, lse, entropy, grad_logp, grad_entropy, kept: KeptSet, softcap):
