@@ -5,9 +5,12 @@
 
 1. kernels (bench/gpu_kernels.py): the Triton log-prob kernels against a float64 / chunked float32 truth at
    real shapes, then their timings against eager and a bf16 matmul;
-2. peers (bench/gpu_peers.py): grpo_loss and token_logprobs fwd+bwd against every peer on the live rows,
+2. replay (bench/gpu_replay.py): the kept-set kernels at N=32,768, D=4,096, V=151,936, k=50 against the float32
+   torch walk and a float64 reference, two calls and a row alone vs in the batch bit for bit, and their time
+   beside the plain kernel's;
+3. peers (bench/gpu_peers.py): grpo_loss and token_logprobs fwd+bwd against every peer on the live rows,
    each checked against eager first, with TFLOP/s and peak memory;
-3. FSDP2 (bench/gpu_fsdp.py): one training step of a small random Hugging Face model with fastrl's update.
+4. FSDP2 (bench/gpu_fsdp.py): one training step of a small random Hugging Face model with fastrl's update.
 
 Each part's table is printed as it finishes, and the short summary table last. With `OUT` set, the results
 go to `$OUT/gpu.json`. Exit status 1 when a part fails its correctness check.
@@ -24,7 +27,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--parts", default="kernels,peers,fsdp", help="comma-separated subset of kernels,peers,fsdp")
+    p.add_argument("--parts", default="kernels,replay,peers,fsdp", help="comma-separated subset of those parts")
     args = p.parse_args(argv)
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before torch and triton load
@@ -32,9 +35,10 @@ def main(argv=None) -> int:
 
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("no CUDA device is visible to torch (use --dry-run on CPU)")
-    from bench import gpu_fsdp, gpu_kernels, gpu_peers
+    from bench import gpu_fsdp, gpu_kernels, gpu_peers, gpu_replay
 
     runners = {"kernels": lambda: gpu_kernels.main(args.dry_run, 1 if args.dry_run else args.reps),
+               "replay": lambda: gpu_replay.main(args.dry_run, 1 if args.dry_run else args.reps),
                "peers": lambda: gpu_peers.main(args.dry_run, 1 if args.dry_run else args.reps),
                "fsdp": lambda: gpu_fsdp.main(args.dry_run)}  # fmt: skip
     out, summary = {}, []
