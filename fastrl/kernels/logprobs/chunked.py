@@ -27,8 +27,10 @@ __all__ = [
     "chunk_rows",
     "chunked_backward",
     "chunked_forward",
+    "add_target_hits",
     "live_index",
     "live_rows_backward",
+    "slab_grads",
 ]
 
 _MIN_CHUNK_BYTES, _MAX_CHUNK_BYTES = 32 * 2**20, 128 * 2**20
@@ -183,17 +185,28 @@ def chunked_backward(hidden, weight, targets, bias, lse, entropy, grad_logp, gra
         else:
             dz = z.zero_()
         if g is not None:
-            lo, hi = torch.searchsorted(hit_ids, torch.tensor([sl.start, sl.stop], device=hit_ids.device)).tolist()
-            rows = hit_order[lo:hi]
-            dz.index_put_((rows, targets[rows] - sl.start), g[rows], accumulate=True)
-        divide_rows(dz, tau)
-        if d_bias is not None:
-            d_bias[sl] = dz.sum(0)
-        if d_weight is not None:
-            d_weight[sl] = dz.T @ h32
-        if d_hidden is not None:
-            d_hidden.addmm_(dz, weight[sl].float())
+            add_target_hits(dz, sl, hit_order, hit_ids, targets, g)
+        slab_grads(divide_rows(dz, tau), sl, h32, weight, d_hidden, d_weight, d_bias)
     return _finish(hidden, bias, d_hidden, d_weight, d_bias)
+
+
+def add_target_hits(dz, sl, order, hits, targets, g) -> None:
+    """The one-hot term of ∂z on a vocabulary slab `sl`: dz[n, y_n − sl.start] += g_n for the rows whose target
+    falls in it (`order`: the rows sorted by target, `hits`: their sorted targets; a target ≥ V never does)."""
+    lo, hi = torch.searchsorted(hits, torch.tensor([sl.start, sl.stop], device=hits.device)).tolist()
+    rows = order[lo:hi]
+    dz.index_put_((rows, targets[rows] - sl.start), g[rows], accumulate=True)
+
+
+def slab_grads(dz, sl, h32, weight, d_hidden, d_weight, d_bias) -> None:
+    """A vocabulary slab's share of the gradients from its float32 ∂z `[N, V_c]`: its rows of d_weight and d_bias
+    (complete), and its term of the d_hidden sum; a None gradient is not wanted."""
+    if d_bias is not None:
+        d_bias[sl] = dz.sum(0)
+    if d_weight is not None:
+        d_weight[sl] = dz.T @ h32
+    if d_hidden is not None:
+        d_hidden.addmm_(dz, weight[sl].float())
 
 
 def _finish(hidden, bias, d_hidden, d_weight, d_bias):

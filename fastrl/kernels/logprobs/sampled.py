@@ -14,7 +14,7 @@ import torch
 
 from ..autograd import differentiable_once
 from ..logits import logit_tile, no_autocast
-from .chunked import chunk_bytes, live_index, live_rows_backward
+from .chunked import add_target_hits, chunk_bytes, live_index, live_rows_backward, slab_grads
 from .function import token_logprobs_triton
 from .params import LogprobParams
 from .sampling import Truncation, Workspace, tile_threshold
@@ -128,17 +128,8 @@ def sampled_backward(hidden, weight, targets, bias, tau, stats, grad_logp, grad_
         else:
             dz = p.zero_()
         if g is not None:
-            lo, hi = torch.searchsorted(hits, torch.tensor([sl.start, sl.stop], device=dev)).tolist()
-            rows = order[lo:hi]
-            dz.index_put_((rows, targets[rows] - sl.start), g[rows, 0], accumulate=True)
-        if cap is not None:
-            dz.mul_(factor)
-        if d_bias is not None:
-            d_bias[sl] = dz.sum(0)
-        if d_weight is not None:
-            d_weight[sl] = dz.T @ h32
-        if d_hidden is not None:
-            d_hidden.addmm_(dz, weight[sl].float())
+            add_target_hits(dz, sl, order, hits, targets, g[:, 0])
+        slab_grads(dz if cap is None else dz.mul_(factor), sl, h32, weight, d_hidden, d_weight, d_bias)
     return None if d_hidden is None else d_hidden.to(hidden.dtype), d_weight, d_bias
 
 
