@@ -23,6 +23,7 @@ setup(
         "test": [
             "pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib", "trl>=1.16,<1.17",
             "peft>=0.21,<0.22", "accelerate>=1.15,<1.16", "deepspeed>=0.19.8,<0.20", "omegaconf>=2.3",
+            "tensorboard>=2.21",
         ],  # fmt: skip
         "bench": [
             "pytest-benchmark>=4",
