@@ -231,13 +231,18 @@ def mutant(kind):
         fv._head_unit, fv.lm_body_and_head = head_unit, body_and_head
 
 
-def worker(rank, world, init_file, paths, out_dir):
+def init_rank(rank, world, init_file):
+    """This process as rank `rank` of a gloo group (every wait times out after 120 s) on the CPU platform."""
     set_platform(CpuPlatform())
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=120),
     )  # fmt: skip
     torch.set_num_threads(1)
+
+
+def worker(rank, world, init_file, paths, out_dir):
+    init_rank(rank, world, init_file)
     for tied, path in paths.items():
         # the mutants only on the untied head (its own FSDP unit); a tied head is read in the root unit
         for variant in ("verl", "fastrl", "verl-fused", *(() if tied else MUTANTS)):

@@ -23,7 +23,6 @@ other step is verl's code.
             `shift_labels` verbatim: one label per shard boundary is then wrong, and it must differ from "verl".
 """
 
-import datetime
 import os
 import sys
 import tempfile
@@ -32,8 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from verl.plugin.platform import set_platform
-from verl_engine_checks import CpuPlatform, rel_diff, run_variant, save_models
+from verl_engine_checks import init_rank, rel_diff, run_variant, save_models
 
 
 def varlen_causal_attention(q, k, v, attention_mask, query_length, *args, position_ids=None, **kwargs):
@@ -70,12 +68,7 @@ def rolled_per_shard(self, *args, shift_labels=None, **kwargs):
 
 
 def worker(rank, world, init_file, path, out_dir):
-    set_platform(CpuPlatform())
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=120),
-    )  # fmt: skip
-    torch.set_num_threads(1)
+    init_rank(rank, world, init_file)
     register_cpu_attention()
     cases = {
         "verl": dict(variant="verl", sp=2, attn="cpu_varlen"),
