@@ -5,8 +5,8 @@ The spec names the engine ("ddp", "fsdp2" or "zero3"; accelerate's MULTI_CPU wit
 after the other from the same seed ("stock" = `trl.GRPOTrainer`, "fastrl" = `FastRLGRPOTrainer`), the
 `GRPOConfig` overrides and the model (tied head or not). Each rank writes `<out>/<trainer>-rank<r>.pt`: the
 trained parameters (full tensors), the log history, every log-prob tensor the trainer computed (generation's old /
-reference passes and the training forwards, in call order) with the completion-token count of each call, and how
-many times the LM head was gathered per scoring call.
+reference passes and the training forwards, in call order) with the completion-token count of each call, how
+many times the LM head was gathered per scoring call and, under ZeRO-3, the head's numel at each of fastrl's reads.
 """
 
 import json
