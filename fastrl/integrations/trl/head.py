@@ -43,8 +43,8 @@ def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_
     """(logp, entropy) `[B, T]` float32 of `labels` under `model`'s head on `hidden` `[B, T, D]`; -100 rows give 0.
     `sampler`: top_k / top_p / min_p keywords of `token_logprobs` (the sampler's truncation, docs/math.md §8).
 
-    The head is read in full under FSDP2 and DeepSpeed ZeRO-3 (`gather`: once per call, and once more in the
-    backward under ZeRO-3)."""
+    The head is read in full under FSDP2 and DeepSpeed ZeRO-3 (`gather`: FSDP2's shard once per call; a ZeRO-3
+    head DeepSpeed has left partitioned, once per no-grad call)."""
     head = model.get_output_embeddings()
     sharded = zero3_params(head.weight, getattr(head, "bias", None))
     labels = labels.to(head.weight.device)
