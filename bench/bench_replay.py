@@ -24,7 +24,6 @@ from bench.providers import Provider, always
 from bench.runenv import git_sha, load_average
 from fastrl import token_logprobs
 from fastrl.kernels.logprobs.naive import sampled_logprobs_reference
-from fastrl.kernels.logprobs.replay_api import replayed_token_logprobs
 from fastrl.kernels.logprobs.replay_naive import replay_logprobs_reference
 
 CHECK_ROWS = 256
@@ -49,7 +48,7 @@ def kept_sets(targets: torch.Tensor, vocab: int, k: int, seed: int = 0) -> tuple
 def _replay(k):
     def fn(h, w, t):
         ids, offsets = _SETS[(t.shape[0], w.shape[0], k)]
-        return replayed_token_logprobs(h, w, t, ids, offsets, impl="torch", ignore_index=IGNORE_INDEX).logp
+        return token_logprobs(h, w, t, kept_ids=ids, kept_offsets=offsets, impl="torch", ignore_index=IGNORE_INDEX)
 
     return fn
 
@@ -92,7 +91,7 @@ def check(name: str, inputs: dict) -> dict:
         k = int(name.removeprefix("replay-k"))
         ids, offsets = _SETS[(t.shape[0], w.shape[0], k)]
         ids, offsets = ids[: offsets[CHECK_ROWS]], offsets[: CHECK_ROWS + 1]
-        logp = replayed_token_logprobs(h_rows, w_ref, t[rows], ids, offsets, impl="torch").logp
+        logp = token_logprobs(h_rows, w_ref, t[rows], kept_ids=ids, kept_offsets=offsets, impl="torch")
         ref = replay_logprobs_reference(h64, w64, t[rows], ids, offsets)["logp"]
     else:
         logp = PROVIDERS[name].fn(h_rows, w_ref, t[rows])

@@ -15,7 +15,6 @@ import torch
 import fastrl
 from bench.bench_replay import kept_sets
 from bench.gpu_kernels import rel_err, timed
-from fastrl.kernels.logprobs.replay_api import replayed_token_logprobs
 from fastrl.kernels.logprobs.replay_naive import replay_logprobs_reference
 
 BF16_TOL = 4e-3  # one bf16 ulp, relative to the scale of the value compared
@@ -40,10 +39,12 @@ def problem(n, d, v, k, device, seed=0):
 
 def call(hidden, weight, targets, ids, offsets, impl, g=None, e=None, grad=True):
     h, w = hidden.detach().requires_grad_(grad), weight.detach().requires_grad_(grad)
-    out = replayed_token_logprobs(h, w, targets, ids, offsets, impl=impl)
-    res = {"logp": out.logp.detach(), "entropy": out.entropy.detach()}
+    logp, entropy = fastrl.token_logprobs(
+        h, w, targets, kept_ids=ids, kept_offsets=offsets, impl=impl, return_entropy=True
+    )
+    res = {"logp": logp.detach(), "entropy": entropy.detach()}
     if grad:
-        res["d_hidden"], res["d_weight"] = torch.autograd.grad((out.logp * g + out.entropy * e).sum(), (h, w))
+        res["d_hidden"], res["d_weight"] = torch.autograd.grad((logp * g + entropy * e).sum(), (h, w))
     return res
 
 
@@ -94,7 +95,7 @@ def bench(n, d, v, k, device, reps):
     h, w = hidden.requires_grad_(), weight.requires_grad_()
 
     def replay():
-        logp = replayed_token_logprobs(h, w, targets, ids, offsets, impl="triton").logp
+        logp = fastrl.token_logprobs(h, w, targets, kept_ids=ids, kept_offsets=offsets, impl="triton")
         torch.autograd.grad((logp * g).sum(), (h, w))
 
     def plain():

@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _LAZY = {
     "token_logprobs": "fastrl.kernels",
+    "kept_set_from_vllm": "fastrl.kernels",
     "GRPOLoss": "fastrl.losses",
     "LossConfig": "fastrl.losses",
     "LossOutput": "fastrl.losses",
@@ -25,6 +26,7 @@ _SUBPACKAGES = ("kernels", "losses", "rewards", "trainer", "integrations")
 
 __all__ = [
     "token_logprobs",
+    "kept_set_from_vllm",
     "GRPOLoss",
     "LossConfig",
     "LossOutput",

@@ -13,18 +13,25 @@ api.py       `token_logprobs` / `sampled_token_logprobs` and `route`, the one ro
 sampling.py  the sampler's kept set (min-p, top-k, top-p) as one threshold per row, and `sampler_on`
 sampled.py   the truncated / soft-capped forward and backward (docs/math.md §8)
 vocab_parallel.py  the head split by rows over a process group (docs/math.md §6)
+kept_set.py  the sampler's kept sets in CSR form: their contract, and `kept_set_from_vllm` (docs/math.md §9)
+replay.py    the replay path: log-probs over given kept sets, its autograd Function (docs/math.md §9)
+replay_torch.py  its PyTorch walk; replay_fwd.py / replay_bwd.py its Triton kernels; replay_naive.py its reference
 """
 
 from .api import sampled_token_logprobs, token_logprobs
 from .checks import check_temperature
+from .kept_set import kept_set_from_vllm
 from .naive import sampled_logprobs_reference, token_logprobs_reference
 from .params import MIN_TEMPERATURE, LogprobParams
+from .replay_naive import replay_logprobs_reference
 from .sampling import sampler_on
 
 __all__ = [
     "MIN_TEMPERATURE",
     "LogprobParams",
     "check_temperature",
+    "kept_set_from_vllm",
+    "replay_logprobs_reference",
     "sampled_logprobs_reference",
     "sampled_token_logprobs",
     "sampler_on",

@@ -4,6 +4,7 @@ picks the path a call runs (docs/math.md §1, §5, §6, §8).
 A call is checked once (checks.py), flattened to `[N]` rows, then `route` names its path:
 
     vocab_parallel   process_group given: the head's rows split over the ranks (vocab_parallel.py)
+    replay           kept_ids / kept_offsets given: the sampler's own kept sets, O(Σ|S|) work (replay.py)
     sampled          a truncation rule, a soft-cap, return_topk or a per-token temperature (sampled.py)
     plain            the full softmax at one temperature (function.py)
 
@@ -18,7 +19,9 @@ import torch
 from ..dispatch import resolve_impl
 from .checks import check_call, check_return_topk, check_softcap, check_targets_range
 from .function import token_logprobs_impl
+from .kept_set import KeptSet, check_kept_set
 from .params import LogprobParams
+from .replay import ReplayParams, replay_logprobs
 from .sampled import SampledLogprobs, token_logprobs_sampled
 from .sampling import Truncation, rule_on, truncation
 from .vocab_parallel import resolve_shard, shard_layout, token_logprobs_vocab_parallel
@@ -38,12 +41,15 @@ class _Call(NamedTuple):
     return_topk: int | None
     group: object  # the process group, or None
     first_row: int  # the vocab-parallel shard's first row (0 otherwise)
+    kept: KeptSet | None  # the sampler's kept sets, checked (the replay path), or None
 
 
 def route(call: _Call) -> str:
-    """The path of a checked call: "vocab_parallel", "sampled" or "plain" (module docstring)."""
+    """The path of a checked call: "vocab_parallel", "replay", "sampled" or "plain" (module docstring)."""
     if call.group is not None:
         return "vocab_parallel"
+    if call.kept is not None:
+        return "replay"
     if call.trunc is not None or call.params.softcap is not None or call.return_topk is not None:
         return "sampled"
     return "sampled" if isinstance(call.tau, torch.Tensor) else "plain"
@@ -70,7 +76,19 @@ def _vocab_parallel(c: _Call) -> SampledLogprobs:
     return SampledLogprobs(logp, entropy, None, None, None)
 
 
-_PATHS = {"plain": _plain, "sampled": _sampled, "vocab_parallel": _vocab_parallel}
+def _replay(c: _Call) -> SampledLogprobs:
+    n = c.targets.shape[0]
+    if isinstance(c.tau, torch.Tensor):
+        scale = 1.0 / c.tau
+    else:
+        scale = torch.full((n,), 1.0 / c.tau, dtype=torch.float32, device=c.hidden.device)
+    params = ReplayParams(c.params.ignore_index, c.params.softcap, c.impl)
+    out = replay_logprobs(c.hidden, c.weight, c.bias, c.targets.long(), scale, c.kept, params, c.return_topk)
+    entropy = out.entropy if c.params.return_entropy else None
+    return SampledLogprobs(out.logp, entropy, out.missing, out.topk_ids, out.topk_logprobs)
+
+
+_PATHS = {"plain": _plain, "sampled": _sampled, "vocab_parallel": _vocab_parallel, "replay": _replay}
 
 
 def _refuse_with_group(top_k, top_p, min_p, return_topk) -> None:
@@ -88,9 +106,29 @@ def _refuse_with_group(top_k, top_p, min_p, return_topk) -> None:
         )
 
 
+def _refuse_with_kept_sets(top_k, top_p, min_p, process_group) -> None:
+    for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+        if rule_on(name, value):
+            raise ValueError(
+                f"{name} cannot be combined with kept_ids / kept_offsets: the sampler's kept sets already are its "
+                "truncation (pass one or the other)"
+            )
+    if process_group is not None:
+        raise ValueError(
+            "kept_ids / kept_offsets are not supported with process_group: gather the head and call without it "
+            "(the replay reads only the kept rows of W, so the gathered head is read once, sparsely)"
+        )
+
+
 def _logprobs(hidden, weight, targets, *, bias, temperature, ignore_index, return_entropy, impl, process_group,
-              top_k, top_p, min_p, softcap, return_topk) -> SampledLogprobs:  # fmt: skip
+              top_k, top_p, min_p, softcap, return_topk, kept_ids=None, kept_offsets=None,
+              on_missing="raise") -> SampledLogprobs:  # fmt: skip
     """Check, flatten, route and run one call; every output shaped like targets (`outside` all False off S)."""
+    replay = kept_ids is not None or kept_offsets is not None
+    if replay:
+        if kept_ids is None or kept_offsets is None:
+            raise ValueError("kept_ids and kept_offsets come together: pass both (the CSR of the kept sets) or neither")
+        _refuse_with_kept_sets(top_k, top_p, min_p, process_group)
     if process_group is not None:
         _refuse_with_group(top_k, top_p, min_p, return_topk)
         weight, bias, process_group = resolve_shard(weight, bias, process_group)
@@ -123,7 +161,9 @@ def _logprobs(hidden, weight, targets, *, bias, temperature, ignore_index, retur
     tau = temperature.reshape(-1).float() if per_token else float(temperature)
     params = LogprobParams(1.0 if per_token else tau, ignore_index, bool(return_entropy), softcap)
     h2 = hidden.reshape(targets.numel(), hidden.shape[-1])  # not -1: D = 0 or N = 0 leave -1 ambiguous
-    call = _Call(h2, weight, bias, targets.reshape(-1), tau, params, impl, trunc, return_topk, process_group, first_row)
+    t1 = targets.reshape(-1)
+    kept = check_kept_set(kept_ids, kept_offsets, t1, ignore_index, vocab, on_missing) if replay else None
+    call = _Call(h2, weight, bias, t1, tau, params, impl, trunc, return_topk, process_group, first_row, kept)
     out = _PATHS[route(call)](call)
     k = return_topk
     return SampledLogprobs(
@@ -151,6 +191,8 @@ def token_logprobs(
     min_p: float | torch.Tensor | None = None,
     softcap: float | None = None,
     return_topk: int | None = None,
+    kept_ids: torch.Tensor | None = None,
+    kept_offsets: torch.Tensor | None = None,
 ):
     """Log-probability of each target token, straight from hidden states and the LM-head weight.
 
@@ -180,7 +222,13 @@ def token_logprobs(
             process_group: it is elementwise, each rank caps its own columns).
         return_topk: k: also return the ids `[..., k]` (int64) and log-probs `[..., k]` (float32, no gradient) of
             the k most likely tokens of the (truncated) distribution; −inf for a token outside the kept set. Not
-            with process_group (ValueError).
+            with process_group (ValueError). With kept sets: the top of each row's set, id −1 and −inf past its end.
+        kept_ids, kept_offsets: the sampler's kept sets (docs/math.md §9), vLLM's CSR layout over the N flattened
+            rows of targets: row i's set is `kept_ids[kept_offsets[i]:kept_offsets[i + 1]]` (ids int32/int64, in
+            any order, no repeats, in [0, V); offsets `[N + 1]` int, from 0 to len(kept_ids)); an ignored row's set
+            is empty, a live row's is not, and must hold the row's target (else a ValueError naming the row). logp
+            and entropy are then those of softmax over the set, at O(Σ|S|·D) cost (never the `[N, V]` logits):
+            see `kept_set_from_vllm`. Not with top_k / top_p / min_p nor process_group (ValueError).
 
     Returns:
         logp `[...]` float32, or `(logp, entropy)` with return_entropy=True; with return_topk the two top-k
@@ -197,7 +245,7 @@ def token_logprobs(
     out = _logprobs(
         hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index,
         return_entropy=return_entropy, impl=impl, process_group=process_group, top_k=top_k, top_p=top_p,
-        min_p=min_p, softcap=softcap, return_topk=return_topk,
+        min_p=min_p, softcap=softcap, return_topk=return_topk, kept_ids=kept_ids, kept_offsets=kept_offsets,
     )  # fmt: skip
     res = (out.logp,) + ((out.entropy,) if return_entropy else ())
     res += (out.topk_ids, out.topk_logprobs) if return_topk is not None else ()
@@ -206,12 +254,16 @@ def token_logprobs(
 
 def sampled_token_logprobs(
     hidden, weight, targets, *, bias=None, temperature=1.0, ignore_index=-100, return_entropy=False, impl="auto",
-    top_k=None, top_p=None, min_p=None, softcap=None, return_topk=None,
+    top_k=None, top_p=None, min_p=None, softcap=None, return_topk=None, kept_ids=None, kept_offsets=None,
 ) -> SampledLogprobs:  # fmt: skip
-    """`token_logprobs` with the sampler's options (docs/math.md §8), every output in one SampledLogprobs shaped
-    like targets, `outside` included (the target is not in the kept set; all False when nothing is dropped)."""
+    """`token_logprobs` with the sampler's options (docs/math.md §8, §9), every output in one SampledLogprobs shaped
+    like targets, `outside` included (the target is not in the kept set; all False when nothing is dropped).
+
+    With kept_ids / kept_offsets a target outside its row's set is not an error here: `outside` flags the row,
+    whose logp stays finite (z_y − log Σ_S exp z, with its gradient) for the caller to leave out."""
     return _logprobs(
         hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index,
         return_entropy=return_entropy, impl=impl, process_group=None, top_k=top_k, top_p=top_p, min_p=min_p,
-        softcap=softcap, return_topk=return_topk,
+        softcap=softcap, return_topk=return_topk, kept_ids=kept_ids, kept_offsets=kept_offsets,
+        on_missing="mask",
     )  # fmt: skip

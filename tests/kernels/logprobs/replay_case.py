@@ -1,11 +1,26 @@
 """Random replay problems for the replay tests: kept sets of uneven sizes in CSR form, and the float64 oracle."""
 
+from types import SimpleNamespace
+
 import torch
 
-from fastrl.kernels.logprobs.replay_api import replayed_token_logprobs
-from fastrl.kernels.logprobs.replay_naive import replay_logprobs_reference
+from fastrl import token_logprobs
+from fastrl.kernels import replay_logprobs_reference, sampled_token_logprobs
 
 IGNORE = -100
+
+
+def replayed(hidden, weight, targets, kept_ids, kept_offsets, *, on_missing="raise", **kw):
+    """The replay call through the public API: `token_logprobs` (a target outside its set raises) or, with
+    on_missing="mask", `sampled_token_logprobs` (it is flagged). Returns logp, entropy, missing, topk_*."""
+    kw = {"ignore_index": IGNORE, "return_entropy": True, "kept_ids": kept_ids, "kept_offsets": kept_offsets, **kw}
+    if on_missing == "mask":
+        out = sampled_token_logprobs(hidden, weight, targets, **kw)
+        return SimpleNamespace(logp=out.logp, entropy=out.entropy, missing=out.outside, topk_ids=out.topk_ids,
+                               topk_logprobs=out.topk_logprobs)  # fmt: skip
+    logp, entropy, *top = token_logprobs(hidden, weight, targets, **kw)
+    return SimpleNamespace(logp=logp, entropy=entropy, missing=None, topk_ids=top[0] if top else None,
+                           topk_logprobs=top[1] if top else None)  # fmt: skip
 
 
 def kept_sets(targets, vocab, k, full_rows=(), gen=None, id_dtype=torch.int32):
@@ -46,9 +61,9 @@ def run(case, impl, *, temperature=1.0, softcap=None, grad=True, seed=1, **kw):
     leaves = [
         case[x].clone().requires_grad_(grad) if case[x] is not None else None for x in ("hidden", "weight", "bias")
     ]
-    out = replayed_token_logprobs(
+    out = replayed(
         leaves[0], leaves[1], case["targets"], case["kept_ids"], case["kept_offsets"], bias=leaves[2],
-        temperature=temperature, softcap=softcap, impl=impl, ignore_index=IGNORE, **kw,
+        temperature=temperature, softcap=softcap, impl=impl, **kw,
     )  # fmt: skip
     n = case["targets"].shape[0]
     g, e = torch.randn(n, generator=gen), torch.randn(n, generator=gen)

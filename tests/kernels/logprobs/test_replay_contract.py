@@ -4,10 +4,9 @@ import types
 
 import pytest
 import torch
-from replay_case import IGNORE, make_case, oracle, run
+from replay_case import IGNORE, make_case, oracle, replayed, run
 
 from fastrl.kernels.logprobs.kept_set import kept_set_from_vllm
-from fastrl.kernels.logprobs.replay_api import replayed_token_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +18,7 @@ def _call(case, ids=None, offsets=None, targets=None, **kw):
     ids = case["kept_ids"] if ids is None else ids
     offsets = case["kept_offsets"] if offsets is None else offsets
     targets = case["targets"] if targets is None else targets
-    return replayed_token_logprobs(case["hidden"], case["weight"], targets, ids, offsets, ignore_index=IGNORE, **kw)
+    return replayed(case["hidden"], case["weight"], targets, ids, offsets, ignore_index=IGNORE, **kw)
 
 
 def _row_start(case, row):
@@ -157,5 +156,5 @@ def test_kept_set_from_vllm_feeds_the_replay_call():
     masks = [types.SimpleNamespace(token_ids=[per_row[i] for i in range(4 * b, 4 * b + 3)]) for b in range(2)]
     ids, offsets = kept_set_from_vllm(masks, completion)
     assert torch.equal(ids.long(), case["kept_ids"].long()) and torch.equal(offsets, case["kept_offsets"])
-    got = replayed_token_logprobs(case["hidden"], case["weight"], case["targets"], ids, offsets, ignore_index=IGNORE)
+    got = replayed(case["hidden"], case["weight"], case["targets"], ids, offsets, ignore_index=IGNORE)
     torch.testing.assert_close(got.logp.double(), oracle(case)[0], rtol=0, atol=2e-6)

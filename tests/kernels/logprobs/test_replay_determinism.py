@@ -12,11 +12,10 @@ import inspect
 import pytest
 import torch
 import triton
-from replay_case import IGNORE, kept_sets, make_case, run
+from replay_case import IGNORE, kept_sets, make_case, replayed, run
 
 from fastrl.kernels import configs
 from fastrl.kernels.logprobs import replay_bwd, replay_fwd, replay_torch
-from fastrl.kernels.logprobs.replay_api import replayed_token_logprobs
 
 PROBE = 5
 
@@ -49,7 +48,7 @@ def _csr(sets):
 def _probe_outputs(h, w, targets, sets, rows, impl, at):
     """(logp, entropy) of row PROBE when the call holds `rows` (a list of row indices) and it sits at `at`."""
     ids, offsets = _csr([sets[r] for r in rows])
-    out = replayed_token_logprobs(h[rows], w, targets[rows], ids, offsets, impl=impl, ignore_index=IGNORE,
+    out = replayed(h[rows], w, targets[rows], ids, offsets, impl=impl, ignore_index=IGNORE,
                                   temperature=0.9, softcap=3.0)  # fmt: skip
     assert rows[at] == PROBE
     return out.logp[at], out.entropy[at]
