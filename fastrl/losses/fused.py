@@ -144,18 +144,28 @@ def fused_grpo_parts(
 
 
 def sampled_grpo_parts(hidden, weight, targets, mask, advantages, *, bias, old, ref, rollout, config, normalizer, impl,
-                       temperature, return_entropy, ignore_index, sampler=None, process_group=None):  # fmt: skip
+                       temperature, return_entropy, ignore_index, sampler=None, process_group=None,
+                       kept=None):  # fmt: skip
     """(LossOutput, logp, entropy) of the loss on the sampler's distribution (docs/math.md §8): its log-probs (two
     passes, no gradient-in-forward), then `policy_loss`; metrics["outside_kept_frac"] added. `sampler`: top_k /
     top_p / min_p (None: config's); with `process_group` the vocab-parallel call takes the soft-cap and refuses
-    the truncation rules (each named)."""
+    the truncation rules (each named). `kept`: the sampler's kept sets (kept_ids, kept_offsets), replayed; a live
+    token whose target is outside its set is a ValueError naming it."""
     sampler = dict(top_k=config.top_k, top_p=config.top_p, min_p=config.min_p) if sampler is None else sampler
     need_entropy = config.entropy_coef != 0 or config.top_entropy_quantile < 1 or return_entropy
     options = dict(bias=bias, temperature=temperature, ignore_index=ignore_index, return_entropy=need_entropy,
                    impl=impl, softcap=config.softcap, **sampler)  # fmt: skip
+    if kept is not None:
+        options.update(kept_ids=kept[0], kept_offsets=kept[1])
     if process_group is None:
         out = sampled_token_logprobs(hidden, weight, targets, **options)
         logp, entropy, outside = out.logp, out.entropy, out.outside
+        if kept is not None and bool(outside.any()):
+            b, t = (int(x) for x in torch.nonzero(outside)[0])
+            raise ValueError(
+                f"the target at position ({b}, {t}) is not in its kept set (the sampler never kept it): set mask "
+                "to 0 there to leave it out"
+            )
     else:
         out = token_logprobs(hidden, weight, targets, process_group=process_group, **options)
         logp, entropy = out if need_entropy else (out, None)

@@ -5,7 +5,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from fastrl.kernels import IMPLS, sampler_on, token_logprobs
+from fastrl.kernels import IMPLS, keep_rows, sampler_on, token_logprobs
 
 from .config import LossConfig
 from .fused import fused_grpo_loss, sampled_grpo_parts, wants_fused
@@ -36,6 +36,8 @@ def grpo_loss(
     top_k: int | torch.Tensor | None = None,
     top_p: float | torch.Tensor | None = None,
     min_p: float | torch.Tensor | None = None,
+    kept_ids: torch.Tensor | None = None,
+    kept_offsets: torch.Tensor | None = None,
 ) -> LossOutput:
     """Fused GRPO/PPO loss straight from the LM body's hidden states (docs/math.md §1–3).
 
@@ -69,6 +71,11 @@ def grpo_loss(
             the KL and the entropy are those of the kept set's distribution, and metrics["outside_kept_frac"] is
             the fraction of masked tokens whose target lies outside it. With process_group a soft-cap works and a
             truncation rule that is on is a ValueError naming it.
+        kept_ids, kept_offsets: the sampler's kept sets over the `[B, T]` rows (CSR, as in `token_logprobs`;
+            `fastrl.kept_set_from_vllm` makes them): logp, the ratios, the KL and the entropy are those of softmax
+            over each set (docs/math.md §9), never the plain fused path. The sets of mask-0 positions are
+            ignored; a mask-1 position's target must be in its set (a ValueError naming the position: mask out
+            the tokens whose target the sampler did not keep). Not with top_k / top_p / min_p (nor config's).
 
     Returns:
         LossOutput(loss, metrics), as `policy_loss`.
@@ -104,6 +111,16 @@ def grpo_loss(
         "top_p": config.top_p if top_p is None else top_p,
         "min_p": config.min_p if min_p is None else min_p,
     }
+    if kept_ids is not None or kept_offsets is not None:
+        if kept_ids is None or kept_offsets is None:
+            raise ValueError("kept_ids and kept_offsets come together: pass both (the CSR of the kept sets) or neither")
+        kept_ids, kept_offsets = keep_rows(kept_ids, kept_offsets, (mask != 0).reshape(-1))
+        return sampled_grpo_parts(
+            hidden, weight, targets, mask, advantages, bias=bias, old=old_logprobs, ref=ref_logprobs,
+            rollout=rollout_logprobs, config=config, normalizer=normalizer, impl=impl, temperature=tau,
+            return_entropy=return_entropy, ignore_index=IGNORE_INDEX, sampler=sampler, process_group=process_group,
+            kept=(kept_ids, kept_offsets),
+        )[0]  # fmt: skip
     if sampler_on(**sampler, softcap=config.softcap):
         return sampled_grpo_parts(
             hidden, weight, targets, mask, advantages, bias=bias, old=old_logprobs, ref=ref_logprobs,

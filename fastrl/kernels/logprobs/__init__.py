@@ -20,7 +20,7 @@ replay_torch.py  its PyTorch walk; replay_fwd.py / replay_bwd.py its Triton kern
 
 from .api import sampled_token_logprobs, token_logprobs
 from .checks import check_temperature
-from .kept_set import kept_set_from_vllm
+from .kept_set import keep_rows, kept_set_from_vllm
 from .naive import sampled_logprobs_reference, token_logprobs_reference
 from .params import MIN_TEMPERATURE, LogprobParams
 from .replay_naive import replay_logprobs_reference
@@ -30,6 +30,7 @@ __all__ = [
     "MIN_TEMPERATURE",
     "LogprobParams",
     "check_temperature",
+    "keep_rows",
     "kept_set_from_vllm",
     "replay_logprobs_reference",
     "sampled_logprobs_reference",

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["KeptSet", "check_kept_set", "kept_set_from_vllm"]
+__all__ = ["KeptSet", "check_kept_set", "keep_rows", "kept_set_from_vllm"]
 
 _INT_DTYPES = (torch.int32, torch.int64)
 
@@ -38,6 +38,32 @@ def _check_csr_tensors(kept_ids, kept_offsets, n: int, device: torch.device) -> 
         raise ValueError(f"kept_offsets must be [N + 1] = [{n + 1}] for N = {n} rows, got {tuple(kept_offsets.shape)}")
 
 
+def _check_csr(kept_ids, kept_offsets, n: int, device):
+    """The CSR's structure: (ids int64, offsets int64, sizes `[N]`), or an error naming the bad value."""
+    _check_csr_tensors(kept_ids, kept_offsets, n, device)
+    offsets, ids = kept_offsets.long(), kept_ids.long()
+    m = ids.shape[0]
+    if int(offsets[0]) != 0:
+        raise ValueError(f"kept_offsets[0] must be 0, got {int(offsets[0])}")
+    if int(offsets[-1]) != m:
+        raise ValueError(f"kept_offsets[-1] must equal len(kept_ids) = {m}, got {int(offsets[-1])}")
+    sizes = offsets.diff()
+    if n and bool((sizes < 0).any()):
+        row = _first_row(sizes < 0)
+        lo, hi = int(offsets[row]), int(offsets[row + 1])
+        raise ValueError(f"kept_offsets must be non-decreasing: row {row} has offsets {lo}..{hi}")
+    return ids, offsets, sizes
+
+
+def keep_rows(kept_ids, kept_offsets, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CSR with the sets of rows where `keep` (`[N]` bool) is False emptied: (ids, offsets `[N + 1]`)."""
+    ids, offsets, sizes = _check_csr(kept_ids, kept_offsets, keep.shape[0], keep.device)
+    rows = torch.repeat_interleave(torch.arange(keep.shape[0], device=keep.device), sizes, output_size=ids.shape[0])
+    new = torch.zeros_like(offsets)
+    torch.cumsum(torch.where(keep, sizes, 0), 0, out=new[1:])
+    return kept_ids[keep[rows]], new
+
+
 def _first_row(bad: torch.Tensor) -> int:
     return int(torch.nonzero(bad)[0, 0])
 
@@ -60,18 +86,8 @@ def check_kept_set(
     if on_missing not in ("raise", "mask"):
         raise ValueError(f"on_missing must be 'raise' or 'mask', got {on_missing!r}")
     n, dev = targets.shape[0], targets.device
-    _check_csr_tensors(kept_ids, kept_offsets, n, dev)
-    offsets, ids = kept_offsets.long(), kept_ids.long()
+    ids, offsets, sizes = _check_csr(kept_ids, kept_offsets, n, dev)
     m = ids.shape[0]
-    if int(offsets[0]) != 0:
-        raise ValueError(f"kept_offsets[0] must be 0, got {int(offsets[0])}")
-    if int(offsets[-1]) != m:
-        raise ValueError(f"kept_offsets[-1] must equal len(kept_ids) = {m}, got {int(offsets[-1])}")
-    sizes = offsets.diff()
-    if n and bool((sizes < 0).any()):
-        row = _first_row(sizes < 0)
-        lo, hi = int(offsets[row]), int(offsets[row + 1])
-        raise ValueError(f"kept_offsets must be non-decreasing: row {row} has offsets {lo}..{hi}")
     rows = torch.repeat_interleave(torch.arange(n, device=dev), sizes, output_size=m)
     bad = (ids < 0) | (ids >= vocab)
     if m and bool(bad.any()):
