@@ -109,14 +109,15 @@ def final_logits(x: torch.Tensor, scale: torch.Tensor, softcap: float | None) ->
 def _pair_logits(hidden, weight, bias, ids, rows, offsets) -> torch.Tensor:
     """x[j] = h[rows[j]]·W[ids[j]] + b[ids[j]], float32, `[M]`, for the CSR pairs (`offsets` `[N + 1]`).
 
-    A float32 head takes torch's sampled matmul (`sampled_addmm`: one dot per pair, in place, nothing gathered;
-    on the CPU each dot is a vectorized reduction over D alone). A half-precision head gathers and upcasts its
-    rows in chunks of `pair_chunk` pairs and takes `tree_dot` (float32 sums of half-precision products).
+    A float32 head on the CPU takes torch's sampled matmul (`sampled_addmm`: one dot per pair, in place, nothing
+    gathered, each dot a vectorized reduction over D alone, sets in any order). Elsewhere (a half-precision head,
+    or CUDA, whose sparse library may assume sorted sets) the rows are gathered and upcast in chunks of
+    `pair_chunk` pairs and each dot is a `tree_dot` (float32 sums of the products).
     """
     m, d = ids.shape[0], weight.shape[1]
     if m == 0:
         return torch.zeros(0, dtype=torch.float32, device=hidden.device)
-    if weight.dtype == torch.float32:
+    if weight.dtype == torch.float32 and hidden.device.type == "cpu":
         with warnings.catch_warnings():  # "sparse CSR support is in beta": the one op used here is tested
             warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
             pattern = torch.sparse_csr_tensor(
