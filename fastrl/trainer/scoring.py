@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fastrl.rewards import batch_accuracy_reward, length_penalty, overlong_penalty
+
 from .advantages import group_advantages, zero_std_groups
 from .batching import Sample
-from .rewards import batch_accuracy_reward, length_penalty, overlong_penalty
 
 
 @dataclass(frozen=True)
