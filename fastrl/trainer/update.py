@@ -18,13 +18,13 @@ from contextlib import nullcontext
 
 import torch
 
+from fastrl.hf import hidden_and_head, lm_body_and_head, tile_mlps
 from fastrl.kernels import token_logprobs
-from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss, hidden_and_head, lm_body_and_head
+from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss
 
 from . import distributed as dist_utils
 from .batching import Sample, collate, plan_microbatches, token_mask
 from .fsdp import filler_sample, is_sharded, run_sharded
-from .tiled_mlp import tile_mlps
 
 
 def supports_packing(model) -> bool:

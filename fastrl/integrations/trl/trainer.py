@@ -16,10 +16,10 @@ Logged metrics keep TRL's names and definitions. Options fastrl cannot honour ra
 import torch
 from trl import GRPOTrainer
 
+from fastrl.hf import keep_attention_in_checkpoints
 from fastrl.losses import policy_loss, trl_normalizer
 from fastrl.losses.fused import fusable_loss
 
-from .checkpointing import keep_attention_in_checkpoints
 from .gather import zero3_params
 from .head import IGNORE_INDEX, add_fastrl_lm_head, head_policy_loss
 from .options import check_args, check_model, sampler_settings
