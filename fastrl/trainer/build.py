@@ -21,7 +21,7 @@ from .fsdp import shard_model
 from .sharded_checkpoint import is_sharded_checkpoint, load_sharded
 from .tasks import PromptStream, load_problems
 from .tiny import CharTokenizer, sft_warmup, tiny_model
-from .update import supports_packing
+from .update import StepSettings, supports_packing
 from .validate import ConfigError
 
 
@@ -38,6 +38,7 @@ class Run:
     packed: bool  # padding-free packed micro-batches
     rank: int
     own_group: bool  # this process created the process group (and destroys it at the end)
+    settings: StepSettings  # how `update.train_step` and `update.sequence_logprobs` run
     resumed: bool = False
     step: int = 0  # optimizer steps taken
     elapsed_before: float = 0.0  # training seconds of the runs this one resumes
@@ -146,8 +147,9 @@ def start_run(config: TrainConfig) -> Run:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, config.adam_beta2)
     )
+    settings = StepSettings.from_config(config, packed, tokenizer.pad_token_id)
     run = Run(model, tokenizer, ref_model, optimizer, make_scheduler(optimizer, config),
-              PromptStream(problems, config.seed), packed, rank, own_group)  # fmt: skip
+              PromptStream(problems, config.seed), packed, rank, own_group, settings)  # fmt: skip
     state = None
     if resuming and config.fsdp:
         state = load_sharded(latest_checkpoint(config.output_dir), model, optimizer, run.scheduler, ref_model)
