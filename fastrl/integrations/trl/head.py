@@ -19,8 +19,9 @@ import types
 
 import torch
 
+from fastrl.hf import lm_body_and_head
 from fastrl.kernels import token_logprobs
-from fastrl.losses import lm_body_and_head, policy_loss
+from fastrl.losses import policy_loss
 from fastrl.losses.fused import fused_grpo_parts, wants_fused
 
 from .gather import full_head, gathered, zero3_params, zero3_partitioned, zero3_scored
@@ -139,7 +140,7 @@ def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bo
         logp, entropy = head_logprobs(
             self, hidden, labels, temperature=temperature, cast_lm_head_to_fp32=cast_lm_head_to_fp32, impl=impl,
             sampler=sampler,
-        )
+        )  # fmt: skip
         mask = labels.to(logp.device) != IGNORE_INDEX
         count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
         return FusedCausalLMOutput(loss=-logp.sum() / count, log_probs=logp, entropy=entropy, label_mask=mask)
