@@ -354,11 +354,36 @@ def test_a_target_below_the_candidates_own_floor_is_marked_unreachable():
     assert ("eager", "FAIL") in got, got
 
 
+LONG_CALL = ["--N", "4096", "--D", "8", "--V", "64"]
+
+
 def test_long_call_runs_both_ops_and_checks_them(capsys):
     from bench import long_call
 
-    long_call.main(["--N", "4096", "--D", "8", "--V", "64"])
+    assert long_call.main(LONG_CALL) == 0
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| token") or
             line.startswith("| grpo")]  # fmt: skip
     assert [r[1].strip() for r in rows] == ["token_logprobs", "grpo_loss"]
     assert all(float(r[4]) < 1e-5 for r in rows), rows  # worst relative error against the eager reference
+
+
+def test_long_call_fails_a_wrong_grpo_loss_gradient_and_drops_its_figures(capsys, monkeypatch):
+    import fastrl
+    from bench import long_call
+
+    class Doubled(torch.autograd.Function):  # the hidden states as they are, their gradient twice too large
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    right = fastrl.grpo_loss
+    monkeypatch.setattr(fastrl, "grpo_loss", lambda h, *args, **kw: right(Doubled.apply(h), *args, **kw))
+    assert long_call.main(LONG_CALL) == 1
+    captured = capsys.readouterr()
+    row = next(line for line in captured.out.splitlines() if line.startswith("| grpo_loss"))
+    assert row.split("|")[2].strip() == "FAIL" and "| — |" in row, row  # the loss value is right: the gradient fails
+    assert "FAILED: grpo_loss" in captured.err
