@@ -7,9 +7,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a subprocess
 def test_gpu_check_dry_run(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run([sys.executable, "-m", "bench.gpu", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
