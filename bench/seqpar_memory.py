@@ -114,7 +114,9 @@ def child(opts) -> None:
 
         def step(tokens):
             samples = _sample(opts, tokens)
-            return train_step(model, optimizer, samples, config, budget=tokens, packed=True, pad_id=0, log_entropy=False)
+            return train_step(
+                model, optimizer, samples, config, budget=tokens, packed=True, pad_id=0, log_entropy=False
+            )
 
     step(opts.warmup_tokens)
     gc.collect()
