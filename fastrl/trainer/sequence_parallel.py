@@ -49,10 +49,10 @@ class SequenceParallel:
 
     size: int  # N: ranks that split one micro-batch's tokens
     rank: int  # this rank's block of every row, in [0, N)
-    group: object  # the sequence group's ProcessGroup (None when N == 1)
+    group: object  # the sequence group's ProcessGroup (None when N == 1: nothing to exchange)
     dp_size: int  # data-parallel replicas: world size // N
     dp_rank: int  # this rank's replica: prompt sharding and seeds follow it, not the global rank
-    dp_group: object  # the ranks with this rank's block in every replica (None when dp_size == 1)
+    dp_group: object  # the ranks with this rank's block in every replica (None: the world, as torch reads it)
 
 
 def _world_timeout() -> datetime.timedelta:
@@ -87,17 +87,17 @@ def init_sequence_parallel(size: int) -> SequenceParallel:
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % size:
         raise ValueError(f"sequence_parallel={size} does not divide the world size {world}")
-    timeout = _world_timeout()
     dp_size = world // size
+    if size == 1:  # every rank its own replica: the data-parallel group is the world
+        return SequenceParallel(1, 0, None, world, rank, None)
+    timeout = _world_timeout()
     group = dp_group = None
     for d in range(dp_size):  # every rank creates every group, in the same order
-        g = dist.new_group(list(range(d * size, (d + 1) * size)), timeout=timeout) if size > 1 else None
-        if d == rank // size:
-            group = g
-    for s in range(size):
-        g = dist.new_group(list(range(s, world, size)), timeout=timeout) if dp_size > 1 else None
-        if s == rank % size:
-            dp_group = g
+        g = dist.new_group(list(range(d * size, (d + 1) * size)), timeout=timeout)
+        group = g if d == rank // size else group
+    for s in range(size):  # a real group even of one rank: None would mean the world
+        g = dist.new_group(list(range(s, world, size)), timeout=timeout)
+        dp_group = g if s == rank % size else dp_group
     return SequenceParallel(size, rank % size, group, dp_size, rank // size, dp_group)
 
 
@@ -241,13 +241,12 @@ def step_normalizer(shards: list[dict], loss_agg: str, live_sequences: int, sp: 
     partition the replica's tokens) and the data-parallel group. Otherwise: `live_sequences`, this replica's
     sequences that carry loss (the same on every rank of its group), summed over the data-parallel group.
     """
-    if loss_agg == "token-mean":
-        local = float(sum(float(s["mask"].sum()) for s in shards))
-        groups = [sp.dp_group] if "normalizer" in PLANTED else [sp.group, sp.dp_group]
-    else:
-        local, groups = float(live_sequences), [sp.dp_group]
+    count_tokens = loss_agg == "token-mean"
+    local = float(sum(float(s["mask"].sum()) for s in shards)) if count_tokens else float(live_sequences)
+    if not dist.is_initialized():
+        return local
     total = torch.tensor([local], dtype=torch.float64, device=_device())
-    for g in groups:
-        if g is not None:
-            dist.all_reduce(total, group=g)
+    if count_tokens and sp.size > 1 and "normalizer" not in PLANTED:
+        dist.all_reduce(total, group=sp.group)
+    dist.all_reduce(total, group=sp.dp_group)
     return float(total)
