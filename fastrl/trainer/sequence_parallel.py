@@ -20,6 +20,7 @@ quantile or token-mean entropy bonus) are refused (`check_token_local`).
 """
 
 import datetime
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +29,11 @@ import torch.distributed as dist
 from fastrl.losses import LossConfig
 from fastrl.losses.grpo import IGNORE_INDEX
 
+from . import distributed as dist_utils
+
 __all__ = [
     "SequenceParallel",
+    "check_same_rollouts",
     "check_token_local",
     "gather_rows",
     "init_sequence_parallel",
@@ -62,12 +66,6 @@ def _world_timeout() -> datetime.timedelta:
         return backend.options._timeout
     except (AttributeError, RuntimeError):
         return datetime.timedelta(minutes=10)
-
-
-def _device() -> torch.device:
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def init_sequence_parallel(size: int) -> SequenceParallel:
@@ -243,10 +241,24 @@ def step_normalizer(shards: list[dict], loss_agg: str, live_sequences: int, sp: 
     """
     count_tokens = loss_agg == "token-mean"
     local = float(sum(float(s["mask"].sum()) for s in shards)) if count_tokens else float(live_sequences)
-    if not dist.is_initialized():
-        return local
-    total = torch.tensor([local], dtype=torch.float64, device=_device())
     if count_tokens and sp.size > 1 and "normalizer" not in PLANTED:
-        dist.all_reduce(total, group=sp.group)
-    dist.all_reduce(total, group=sp.dp_group)
-    return float(total)
+        local = dist_utils.all_reduce_sum(local, sp.group)
+    return dist_utils.all_reduce_sum(local, sp.dp_group)
+
+
+def check_same_rollouts(samples: list, sp: SequenceParallel) -> None:
+    """Raise unless every rank of the sequence group holds the same samples (they split the same sequences).
+
+    Raises:
+        RuntimeError: naming the checksums, e.g. after a resume with another sequence-parallel size.
+    """
+    if sp.size == 1:
+        return
+    text = repr([(s.prompt_ids, s.completion_ids, s.advantage, s.loss_mask, s.token_mask) for s in samples])
+    mine = float(zlib.crc32(text.encode()))
+    low, high = -dist_utils.all_reduce_max(-mine, sp.group), dist_utils.all_reduce_max(mine, sp.group)
+    if low != high:
+        raise RuntimeError(
+            f"the ranks of a sequence group hold different rollouts (checksums {low:.0f} .. {high:.0f}): they must "
+            "sample with the same seed (the data-parallel rank's) from the same weights"
+        )

@@ -3,7 +3,8 @@
 One launch runs every case: Qwen2 models built from config (4 attention heads; 2 key/value heads, and 1,
 which is then replicated; q/k/v biases; an untied head), packed and padded micro-batches of unequal
 lengths (odd widths: the last block is padded), with and without FSDP2. Each case takes 2 AdamW steps
-with sequence parallel 2 and compares, with the 1-process `train_step` on the same samples, the loss and
+with sequence parallel 2 (`train_step` and `sequence_logprobs` with `StepSettings(sequence=...)`) and
+compares, with the 1-process `train_step` on the same samples, the loss and
 entropy of each step, the gradients, the parameters after them and the per-token log-probs. The same
 launch reruns one case with each planted bug of `sequence_parallel.PLANTED` and those results must differ.
 """
@@ -13,20 +14,17 @@ import torch
 from _spawn import spawn
 
 from fastrl.losses import LossConfig
-from fastrl.trainer import distributed as dist_utils
 from fastrl.trainer import sequence_parallel as seqpar
-from fastrl.trainer.batching import Sample, collate, plan_microbatches
-from fastrl.trainer.fsdp import is_sharded, run_sharded, shard_model
+from fastrl.trainer.batching import Sample, collate
+from fastrl.trainer.fsdp import shard_model
 from fastrl.trainer.sequence_parallel import (
     SequenceParallel,
     check_token_local,
-    gather_rows,
     init_sequence_parallel,
     split_microbatch,
-    step_normalizer,
 )
 from fastrl.trainer.ulysses import ATTENTION, check_heads, ulysses
-from fastrl.trainer.update import _logprobs, _microbatch_loss, sequence_logprobs, train_step
+from fastrl.trainer.update import StepSettings, sequence_logprobs, train_step
 
 CONFIG = LossConfig(loss_agg="token-mean", eps_high=0.28)
 BUDGET = 40
@@ -89,38 +87,8 @@ def _optimizer(model):
     return opt
 
 
-def sp_step(model, opt, samples, packed: bool, sp: SequenceParallel) -> dict:
-    """`train_step`'s update with every micro-batch split over the sequence group."""
-    model.zero_grad(set_to_none=True)
-    plan = [[samples[i] for i in idx] for idx in plan_microbatches([len(s) for s in samples], BUDGET, packed)]
-    shards = [split_microbatch(collate(seqs, packed, 0), sp) for seqs in plan]
-    normalizer = step_normalizer(shards, CONFIG.loss_agg, sum(s.loss_mask for s in samples), sp)
-    sums = [0.0, 0.0, 0.0]  # loss, tokens, token-weighted entropy
-    with ulysses(model, sp):
-        for shard in shards:
-            out = run_sharded(model, _microbatch_loss, shard, CONFIG, normalizer, "auto", False, True)
-            out.loss.backward()
-            n = float(out.metrics["num_tokens"])
-            sums = [a + b for a, b in zip(sums, (float(out.loss.detach()), n, n * float(out.metrics["entropy_mean"])))]
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not is_sharded(model):
-        dist_utils.all_reduce_grads(params)
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    loss, tokens, entropy = dist_utils.all_reduce_sum_list(sums)
-    return {"loss": loss, "entropy_mean": entropy / tokens}
-
-
-def sp_logprobs(model, samples, packed: bool, sp: SequenceParallel) -> list[list[float]]:
-    out = [[] for _ in samples]
-    with ulysses(model, sp), torch.no_grad():
-        for idx in plan_microbatches([len(s) for s in samples], BUDGET, packed):
-            shard = split_microbatch(collate([samples[i] for i in idx], packed, 0), sp)
-            logp = gather_rows(run_sharded(model, _logprobs, shard, False, 1.0, "auto", None), shard, sp)
-            for row, i in enumerate(idx):
-                out[i] = logp[row, : len(samples[i].completion_ids)].tolist()
-    return out
+def settings(packed: bool, sp: SequenceParallel | None = None) -> StepSettings:
+    return StepSettings(CONFIG, BUDGET, packed, 0, sequence=sp)
 
 
 def run_case(kv_heads, packed, fsdp, sp):
@@ -128,8 +96,8 @@ def run_case(kv_heads, packed, fsdp, sp):
     if fsdp:
         model = shard_model(model)
     opt = _optimizer(model)
-    steps = [sp_step(model, opt, batch(), packed, sp) for _ in range(2)]
-    logp = sp_logprobs(model, batch(), packed, sp)
+    steps = [train_step(model, opt, batch(), settings(packed, sp)) for _ in range(2)]
+    logp = sequence_logprobs(model, batch(), settings(packed, sp))
     params = {n: _full(p) for n, p in model.named_parameters()}
     return dict(steps=steps, grads=opt.grads, params=params, logp=logp), model
 
@@ -159,8 +127,8 @@ def _worker(rank, world, out_dir):
 def reference(kv_heads, packed):
     model = qwen2(kv_heads)
     opt = _optimizer(model)
-    steps = [train_step(model, opt, batch(), CONFIG, budget=BUDGET, packed=packed, pad_id=0) for _ in range(2)]
-    logp = sequence_logprobs(model, batch(), BUDGET, packed, 0, 1.0)
+    steps = [train_step(model, opt, batch(), settings(packed)) for _ in range(2)]
+    logp = sequence_logprobs(model, batch(), settings(packed))
     return dict(steps=steps, grads=opt.grads, params={n: p.detach() for n, p in model.named_parameters()}, logp=logp)
 
 
