@@ -6,9 +6,10 @@
 The model is a Qwen2 built from config at a reduced width (`--hidden` 256, `--layers` 2, 4 heads and 2 KV
 heads, intermediate 1024) with Qwen2.5's vocabulary (151,936) and tied embeddings, fp32, SDPA, the trainer's
 selective gradient checkpointing and tiled MLPs. The batch is one sequence (a 256-token prompt and the rest
-completion), one micro-batch, token-mean loss, AdamW. Each configuration runs in fresh processes: 1 rank
-(`update.train_step`, the trainer's step) and 2 gloo ranks under `torchrun` (the same step with the
-micro-batch split over the sequence group). Torch threads: the machine's cores divided by the ranks.
+completion), one micro-batch, token-mean loss, AdamW: `update.train_step`, the trainer's step. Each
+configuration runs in fresh processes: 1 rank, and 2 gloo ranks under `torchrun` with
+`StepSettings(sequence=...)` (the micro-batch split over the sequence group). Torch threads: the machine's
+cores divided by the ranks.
 
 Each process takes a warm-up step at `--warmup-tokens` (the optimizer state, thread pools and libraries come
 up there), then one measured step. Reported per rank: the resident memory just before the measured step, its
@@ -40,7 +41,7 @@ def _model(opts):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from fastrl.trainer.build import keep_attention_outputs
+    from fastrl.hf import enable_checkpointing
 
     config = Qwen2Config(
         vocab_size=opts.vocab, hidden_size=opts.hidden, intermediate_size=opts.intermediate,
@@ -50,8 +51,7 @@ def _model(opts):
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).float()
-    kwargs = {"use_reentrant": False, "context_fn": keep_attention_outputs}
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    enable_checkpointing(model)  # the trainer's: non-reentrant, the attention kernel's outputs kept
     model.train()
     return model
 
@@ -65,58 +65,24 @@ def _sample(opts, tokens: int):
     return [Sample(ids[:PROMPT], ids[PROMPT:], 1.0)]
 
 
-def _sp_step(model, optimizer, samples, loss_config, sp) -> dict:
-    """The update of `train_step` on one micro-batch split over the sequence group."""
-    import torch
-
-    from fastrl.trainer import distributed as dist_utils
-    from fastrl.trainer.batching import collate
-    from fastrl.trainer.sequence_parallel import split_microbatch, step_normalizer
-    from fastrl.trainer.tiled_mlp import tile_mlps
-    from fastrl.trainer.ulysses import ulysses
-    from fastrl.trainer.update import _microbatch_loss
-
-    model.zero_grad(set_to_none=True)
-    tile_mlps(model)
-    shard = split_microbatch(collate(samples, True, 0), sp)
-    normalizer = step_normalizer([shard], loss_config.loss_agg, len(samples), sp)
-    with ulysses(model, sp):
-        out = _microbatch_loss(model, shard, loss_config, normalizer, "auto", False, False)
-        out.loss.backward()
-    params = [p for p in model.parameters() if p.requires_grad]
-    dist_utils.all_reduce_grads(params)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {"loss": dist_utils.all_reduce_sum(float(out.loss.detach())), "grad_norm": grad_norm}
-
-
 def child(opts) -> None:
     import torch
 
     from fastrl.losses import LossConfig
     from fastrl.trainer import distributed as dist_utils
     from fastrl.trainer.sequence_parallel import init_sequence_parallel
-    from fastrl.trainer.update import train_step
+    from fastrl.trainer.update import StepSettings, train_step
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist_utils.init_from_env("cpu")
     model = _model(opts)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    config = LossConfig(loss_agg="token-mean")
-    if world > 1:
-        sp = init_sequence_parallel(world)
+    sp = init_sequence_parallel(world) if world > 1 else None  # the group splits the one sequence
 
-        def step(tokens):
-            return _sp_step(model, optimizer, _sample(opts, tokens), config, sp)
-    else:
-
-        def step(tokens):
-            samples = _sample(opts, tokens)
-            return train_step(
-                model, optimizer, samples, config, budget=tokens, packed=True, pad_id=0, log_entropy=False
-            )
+    def step(tokens):
+        settings = StepSettings(LossConfig(), tokens, True, 0, log_entropy=False, sequence=sp)
+        return train_step(model, optimizer, _sample(opts, tokens), settings)
 
     step(opts.warmup_tokens)
     gc.collect()
