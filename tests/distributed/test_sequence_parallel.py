@@ -62,10 +62,12 @@ def qwen2(kv_heads: int):
 
 
 def batch() -> list[Sample]:
-    """Six samples of unequal lengths (odd and even), one of them masked out of the loss."""
+    """Seven samples of unequal lengths (odd and even), one of them masked out of the loss. The longest has
+    its first completion token predicted by the last position of a block (packed), and is alone in a padded
+    micro-batch whose first block predicts no completion token."""
     g = torch.Generator().manual_seed(3)
     out = []
-    for i, (p, c) in enumerate([(4, 9), (3, 14), (6, 5), (5, 12), (3, 7), (4, 10)]):
+    for i, (p, c) in enumerate([(4, 9), (3, 14), (6, 5), (5, 12), (3, 7), (4, 10), (20, 3)]):
         ids = torch.randint(3, V, (p + c,), generator=g).tolist()
         out.append(Sample(ids[:p], ids[p:], float(torch.randn(1, generator=g)), loss_mask=i != 4))
     return out
