@@ -11,6 +11,10 @@ checkpointing. The LM body runs on the (packed or padded) micro-batch; the hidde
 are gathered into `[n_seq, max_completion, D]` and handed with the head's weight (`fastrl.lm_body_and_head`)
 to `fastrl.grpo_loss`, which never builds the `[tokens, V]` logits (docs/math.md §1-3). A tied embedding is
 the same Parameter as the head's weight, so autograd sums both of its gradients.
+
+With `StepSettings.sequence` (`--sequence-parallel N`) each rank runs its block of every micro-batch
+(`sequence_parallel.split_microbatch`) under Ulysses attention (`ulysses.py`), forward and backward, and the
+normalizer is counted over the blocks of the sequence group; the rest of the step is the same.
 """
 
 import dataclasses
