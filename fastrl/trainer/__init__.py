@@ -19,6 +19,8 @@
     update.py              StepSettings and train_step: one optimizer step of fastrl.grpo_loss; sequence_logprobs
     distributed.py         torchrun data parallelism: prompt sharding, summed gradients and counts
     fsdp.py                --fsdp: FSDP2 sharding and sharded forward calls
+    sequence_parallel.py   --sequence-parallel: data-parallel x sequence groups, a micro-batch's blocks, normalizers
+    ulysses.py             the sequence-parallel attention: all-to-alls, one document at a time (AttentionInterface)
     checkpoint.py          atomic checkpoints (the staging write both kinds use), resume, output-dir guard
     sharded_checkpoint.py  --fsdp checkpoints (torch.distributed.checkpoint); export to a HF directory
     metrics.py             metrics.jsonl (+ TensorBoard), progress lines

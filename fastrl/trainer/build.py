@@ -18,9 +18,11 @@ from . import distributed as dist_utils
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_checkpoint
 from .config import TrainConfig
 from .fsdp import shard_model
+from .sequence_parallel import SequenceParallel, init_sequence_parallel
 from .sharded_checkpoint import is_sharded_checkpoint, load_sharded
 from .tasks import PromptStream, load_problems
 from .tiny import CharTokenizer, sft_warmup, tiny_model
+from .ulysses import check_heads
 from .update import StepSettings, supports_packing
 from .validate import ConfigError
 
@@ -39,6 +41,7 @@ class Run:
     rank: int
     own_group: bool  # this process created the process group (and destroys it at the end)
     settings: StepSettings  # how `update.train_step` and `update.sequence_logprobs` run
+    sp: SequenceParallel  # data-parallel x sequence-parallel: prompts, seeds and counts follow sp.dp_rank
     resumed: bool = False
     step: int = 0  # optimizer steps taken
     elapsed_before: float = 0.0  # training seconds of the runs this one resumes
@@ -107,10 +110,11 @@ def start_run(config: TrainConfig) -> Run:
     rank, world = dist_utils.rank(), dist_utils.world_size()
     if config.fsdp and world < 2:
         raise ValueError(f"--fsdp shards over the ranks of a torchrun launch; this run has {world} (use torchrun)")
-    if (config.prompts_per_step // world) % config.minibatches or config.prompts_per_step % world:
+    sp = init_sequence_parallel(config.sequence_parallel)  # a sequence group is one data-parallel replica
+    if (config.prompts_per_step // sp.dp_size) % config.minibatches or config.prompts_per_step % sp.dp_size:
         raise ValueError(
-            f"prompts_per_step={config.prompts_per_step} must split evenly over {world} ranks and then "
-            f"into minibatches={config.minibatches}"
+            f"prompts_per_step={config.prompts_per_step} must split evenly over {sp.dp_size} data-parallel "
+            f"replicas ({world} ranks / sequence_parallel={sp.size}) and then into minibatches={config.minibatches}"
         )
     # the data before the model: a dataset that does not load must not cost a model download first
     try:
@@ -126,7 +130,11 @@ def start_run(config: TrainConfig) -> Run:
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     model, tokenizer = build_model(config, device)
-    packed = config.packing == "on" or (config.packing == "auto" and supports_packing(model))
+    # Ulysses attention splits packed rows at their documents whatever the model's own attention
+    packed = config.packing == "on" or (config.packing == "auto" and (supports_packing(model) or sp.size > 1))
+    if sp.size > 1:
+        heads = model.config.num_attention_heads
+        check_heads(heads, getattr(model.config, "num_key_value_heads", None) or heads, sp.size)
     resuming = config.resume and bool(list_checkpoints(config.output_dir))
     if resuming and is_sharded_checkpoint(latest_checkpoint(config.output_dir)) != config.fsdp:
         kind = "without" if config.fsdp else "with"
@@ -147,16 +155,17 @@ def start_run(config: TrainConfig) -> Run:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, config.adam_beta2)
     )
-    settings = StepSettings.from_config(config, packed, tokenizer.pad_token_id)
+    settings = StepSettings.from_config(config, packed, tokenizer.pad_token_id, sp if sp.size > 1 else None)
     run = Run(model, tokenizer, ref_model, optimizer, make_scheduler(optimizer, config),
-              PromptStream(problems, config.seed), packed, rank, own_group, settings)  # fmt: skip
+              PromptStream(problems, config.seed), packed, rank, own_group, settings, sp)  # fmt: skip
     state = None
     if resuming and config.fsdp:
         state = load_sharded(latest_checkpoint(config.output_dir), model, optimizer, run.scheduler, ref_model)
     elif resuming:
         _, state = resume_checkpoint(config.output_dir, model, optimizer, run.scheduler)
     if state is None:
-        torch.manual_seed(config.seed * 7919 + rank)  # ranks sample differently
+        # replicas sample differently; the ranks of a sequence group alike (they split the same rollouts)
+        torch.manual_seed(config.seed * 7919 + sp.dp_rank)
         return run
     run.resumed, run.step, run.stream.position = True, state["step"], state["data_position"]
     run.elapsed_before = state.get("elapsed_s", 0.0)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from fastrl.losses import LossConfig
 
+from .sequence_parallel import check_token_local
 from .validate import ConfigError, check_fields, check_value, coerce
 
 # Qwen3's sentence for a thinking span cut by the budget (the closing marker follows it)
@@ -88,6 +89,7 @@ class TrainConfig:
     packing: str = "auto"  # padding-free packing via position_ids: auto = when the model supports it
     gradient_checkpointing: bool = False  # recompute activations in backward
     fsdp: bool = False  # FSDP2: shard parameters, gradients and AdamW state over the torchrun ranks
+    sequence_parallel: int = 1  # N ranks split each micro-batch's tokens (Ulysses attention); N divides the ranks
     bf16: bool = True  # bf16 autocast (GPU only; CPU runs in float32)
     lr: float = 1e-3  # AdamW learning rate of the GRPO phase
     weight_decay: float = 0.0  # AdamW weight decay
@@ -126,6 +128,11 @@ class TrainConfig:
                 "arithmetic dataset: set --warmup-sft-steps 0",
             )  # fmt: skip
         _check_thinking(self)
+        if self.sequence_parallel > 1:
+            try:
+                check_token_local(self.loss)
+            except ValueError as e:
+                raise ConfigError("sequence_parallel", self.sequence_parallel, str(e)) from None
         if self.resume and self.overwrite:
             raise ConfigError("overwrite", True, "--resume continues the run in output_dir; --overwrite deletes it")
         for name in SAMPLER_KNOBS:

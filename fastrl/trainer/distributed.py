@@ -42,23 +42,24 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def all_reduce_sum(value: float) -> float:
-    return all_reduce_sum_list([value])[0]
+def all_reduce_sum(value: float, group=None) -> float:
+    return all_reduce_sum_list([value], group)[0]
 
 
-def all_reduce_sum_list(values: list[float]) -> list[float]:
+def all_reduce_sum_list(values: list[float], group=None) -> list[float]:
+    """Sums over `group` (None: every rank; under sequence parallelism, the data-parallel group)."""
     if not is_distributed():
         return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64, device=_device())
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
     return t.tolist()
 
 
-def all_reduce_max(value: float) -> float:
+def all_reduce_max(value: float, group=None) -> float:
     if not is_distributed():
         return float(value)
     t = torch.tensor([value], dtype=torch.float64, device=_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t)
 
 

@@ -18,12 +18,19 @@ from .build import Run
 from .checkpoint import save_checkpoint
 from .config import TrainConfig, config_to_dict
 from .rollout import RolloutEngine, build_prompt
+from .sequence_parallel import SequenceParallel, check_same_rollouts
 from .sharded_checkpoint import save_sharded
 from .update import sequence_logprobs, train_step
 
 
-def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, reward) -> tuple[list[Sample], dict]:
-    """Sample G completions per problem, score them, compute advantages; samples + rollout metrics."""
+def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, reward, sp: SequenceParallel | None = None
+            ) -> tuple[list[Sample], dict]:  # fmt: skip
+    """Sample G completions per problem, score them, compute advantages; samples + rollout metrics.
+
+    The batch's sums run over the data-parallel group of `sp` (None: every rank): the ranks of a sequence
+    group hold the same rollouts, which must count once.
+    """
+    group = None if sp is None else sp.dp_group
     G = config.group_size
     prompts = [
         build_prompt(tokenizer, p.prompt, config.prompt_template, config.chat_template, config.max_prompt_length)
@@ -36,12 +43,15 @@ def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, rew
     scores = scoring.score(reward, texts, golds, lengths, config)
     batch_std = None
     if config.advantage_scale == "batch-std":  # the std over all ranks' rewards
-        batch_std = scoring.std_from_moments(*dist_utils.all_reduce_sum_list(scoring.reward_moments(scores.total)))
+        moments = dist_utils.all_reduce_sum_list(scoring.reward_moments(scores.total), group)
+        batch_std = scoring.std_from_moments(*moments)
     adv, flat = scoring.advantages(scores.total, config, batch_std)
     samples = scoring.to_samples(comps, adv, flat, config)
+    if sp is not None:
+        check_same_rollouts(samples, sp)
     local = scoring.rollout_sums(comps, [len(p) for p in prompts], scores, flat, config)
-    sums = dict(zip(local, dist_utils.all_reduce_sum_list([float(v) for v in local.values()])))
-    return samples, scoring.rollout_metrics(sums, dist_utils.all_reduce_max(float(max(lengths, default=0))))
+    sums = dict(zip(local, dist_utils.all_reduce_sum_list([float(v) for v in local.values()], group)))
+    return samples, scoring.rollout_metrics(sums, dist_utils.all_reduce_max(float(max(lengths, default=0)), group))
 
 
 def attach_logprobs(run: Run, samples: list[Sample], config: TrainConfig) -> None:

@@ -52,8 +52,8 @@ def train(config: TrainConfig, rewards=None) -> dict:
     t_run, record = time.time(), {}
     while run.step < config.max_steps:
         t0 = time.time()
-        batch = dist_utils.shard(run.stream.next_batch(config.prompts_per_step))
-        samples, rollout = collect(engine, run.tokenizer, batch, config, reward)
+        batch = dist_utils.shard(run.stream.next_batch(config.prompts_per_step), run.sp.dp_size, run.sp.dp_rank)
+        samples, rollout = collect(engine, run.tokenizer, batch, config, reward, run.sp)
         attach_logprobs(run, samples, config)
         t_rollout = time.time() - t0
         for chunk in minibatches(len(samples), config):

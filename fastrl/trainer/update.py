@@ -11,6 +11,10 @@ checkpointing. The LM body runs on the (packed or padded) micro-batch; the hidde
 are gathered into `[n_seq, max_completion, D]` and handed with the head's weight (`fastrl.lm_body_and_head`)
 to `fastrl.grpo_loss`, which never builds the `[tokens, V]` logits (docs/math.md §1-3). A tied embedding is
 the same Parameter as the head's weight, so autograd sums both of its gradients.
+
+With `StepSettings.sequence` (`--sequence-parallel N`) each rank runs its block of every micro-batch
+(`sequence_parallel.split_microbatch`) under Ulysses attention (`ulysses.py`), forward and backward, and the
+normalizer is counted over the blocks of the sequence group; the rest of the step is the same.
 """
 
 import dataclasses
@@ -26,6 +30,8 @@ from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss
 from . import distributed as dist_utils
 from .batching import Sample, collate, plan_microbatches, token_mask
 from .fsdp import filler_sample, is_sharded, run_sharded
+from .sequence_parallel import SequenceParallel, check_token_local, gather_rows, split_microbatch, step_normalizer
+from .ulysses import ulysses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,18 +46,22 @@ class StepSettings:
     impl: str = "auto"  # the fused loss's implementation: "auto", "triton" or "torch"
     bf16: bool = True  # bf16 autocast of the body on CUDA
     log_entropy: bool = True  # the entropy metric, from the loss's own pass over the vocabulary
+    sequence: SequenceParallel | None = None  # this rank's sequence group: its block of every micro-batch
 
     def __post_init__(self):
         if not isinstance(self.loss, LossConfig):
             raise TypeError(f"loss must be a fastrl.LossConfig, got {type(self.loss).__name__}")
         if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
             raise ValueError(f"budget must be a positive int (tokens per micro-batch), got {self.budget!r}")
+        if self.sequence is not None and self.sequence.size > 1:
+            check_token_local(self.loss)
 
     @classmethod
-    def from_config(cls, config, packed: bool, pad_id: int) -> "StepSettings":
-        """The settings of a `TrainConfig` run (`packed` and `pad_id` are the built model's and tokenizer's)."""
+    def from_config(cls, config, packed: bool, pad_id: int, sequence: SequenceParallel | None = None) -> "StepSettings":
+        """The settings of a `TrainConfig` run (`packed` and `pad_id` are the built model's and tokenizer's,
+        `sequence` the run's groups)."""
         return cls(config.loss, config.max_tokens_per_microbatch, packed, pad_id, config.max_grad_norm, config.impl,
-                   config.bf16, config.log_entropy)  # fmt: skip
+                   config.bf16, config.log_entropy, sequence)  # fmt: skip
 
 
 def _settings(settings, legacy: dict) -> StepSettings:
@@ -143,9 +153,11 @@ def sequence_logprobs(model, samples: list[Sample], settings: StepSettings, *leg
         s = _loose(s, *legacy, **legacy_kw)
     args = (s.bf16, s.loss.temperature, s.impl, sampler_options(s.loss))
     rows: list[list[float]] = []
-    for seqs in _plan(model, samples, s.budget, s.packed, filler_sample(s.pad_id, ref=False, rollout=False)):
-        logp = run_sharded(model, _logprobs, collate(seqs, s.packed, s.pad_id), *args).cpu()
-        rows += [logp[row, : len(sample.completion_ids)].tolist() for row, sample in enumerate(seqs)]
+    with _sequence_parallel(model, s):
+        for mb, seqs in _batches(model, samples, s, filler_sample(s.pad_id, ref=False, rollout=False)):
+            logp = run_sharded(model, _logprobs, mb, *args)
+            logp = (logp if s.sequence is None else gather_rows(logp, mb, s.sequence)).cpu()
+            rows += [logp[row, : len(sample.completion_ids)].tolist() for row, sample in enumerate(seqs)]
     out: list[list[float]] = [[] for _ in samples]
     order = [i for idx in plan_microbatches([len(sample) for sample in samples], s.budget, s.packed) for i in idx]
     for i, lp in zip(order, rows):  # filler rows come last and are dropped
@@ -165,6 +177,18 @@ def _global_normalizer(samples: list[Sample], loss_agg: str) -> float:
     return dist_utils.all_reduce_sum(float(local))
 
 
+def _batches(model, samples: list[Sample], s: StepSettings, filler: Sample):
+    """(micro-batch, its samples) pairs of `_plan`, collated; under sequence parallelism, this rank's block."""
+    for seqs in _plan(model, samples, s.budget, s.packed, filler):
+        mb = collate(seqs, s.packed, s.pad_id)
+        yield (mb if s.sequence is None else split_microbatch(mb, s.sequence)), seqs
+
+
+def _sequence_parallel(model, s: StepSettings):
+    """Ulysses attention around a whole pass (forward and backward) when the step is sequence-parallel."""
+    return nullcontext() if s.sequence is None else ulysses(model, s.sequence)
+
+
 def train_step(model, optimizer, samples: list[Sample], settings: StepSettings, **legacy) -> dict:
     """One optimizer step on this rank's `samples` (a shard of the step's batch). Returns step metrics.
 
@@ -176,18 +200,25 @@ def train_step(model, optimizer, samples: list[Sample], settings: StepSettings, 
     model.zero_grad(set_to_none=True)
     if not is_sharded(model):  # long micro-batches: the MLPs' activations a few thousand tokens at a time
         tile_mlps(model)
-    normalizer = _global_normalizer(samples, s.loss.loss_agg)
     sums = dict.fromkeys(("loss", "num_tokens") + METRIC_KEYS, 0.0)
     filler = filler_sample(s.pad_id, ref=s.loss.beta > 0, rollout=s.loss.is_cap is not None)
-    for seqs in _plan(model, samples, s.budget, s.packed, filler):
-        out = run_sharded(model, _microbatch_loss, collate(seqs, s.packed, s.pad_id), s, normalizer)
-        out.loss.backward()
-        n = float(out.metrics["num_tokens"])
-        sums["loss"] += float(out.loss.detach())
-        sums["num_tokens"] += n
-        for k in METRIC_KEYS:
-            if k in out.metrics:
-                sums[k] += float(out.metrics[k]) * n  # token-weighted; divided by the global count below
+    batches = _batches(model, samples, s, filler)
+    if s.sequence is None:
+        normalizer = _global_normalizer(samples, s.loss.loss_agg)
+    else:  # counted over the blocks of the sequence group (this rank holds 1/N of each micro-batch)
+        batches = list(batches)
+        live = sum(1 for sample in samples if sample.loss_mask)
+        normalizer = step_normalizer([mb for mb, _ in batches], s.loss.loss_agg, live, s.sequence)
+    with _sequence_parallel(model, s):
+        for mb, _ in batches:
+            out = run_sharded(model, _microbatch_loss, mb, s, normalizer)
+            out.loss.backward()
+            n = float(out.metrics["num_tokens"])
+            sums["loss"] += float(out.loss.detach())
+            sums["num_tokens"] += n
+            for k in METRIC_KEYS:
+                if k in out.metrics:
+                    sums[k] += float(out.metrics[k]) * n  # token-weighted; divided by the global count below
     params = [p for p in model.parameters() if p.requires_grad]
     if not is_sharded(model):  # FSDP has reduce-scattered (summed) them already
         dist_utils.all_reduce_grads(params)

@@ -186,6 +186,7 @@ RULES = {
     "ppo_epochs": _at_least(1),
     "minibatches": _at_least(1),
     "max_tokens_per_microbatch": _at_least(1),
+    "sequence_parallel": _at_least(1),
     "packing": _one_of(("auto", "on", "off")),
     "lr": _above(0),
     "weight_decay": _at_least(0),

@@ -1,0 +1,238 @@
+"""Sequence parallelism (Ulysses) on 2 gloo ranks equals the 1-process update.
+
+One launch runs every case: Qwen2 models built from config (4 attention heads; 2 key/value heads, and 1,
+which is then replicated; q/k/v biases; an untied head), packed and padded micro-batches of unequal
+lengths (odd widths: the last block is padded), with and without FSDP2. Each case takes 2 AdamW steps
+with sequence parallel 2 (`train_step` and `sequence_logprobs` with `StepSettings(sequence=...)`) and
+compares, with the 1-process `train_step` on the same samples, the loss and
+entropy of each step, the gradients, the parameters after them and the per-token log-probs. The same
+launch reruns one case with each planted bug of `sequence_parallel.PLANTED` and those results must differ.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from _spawn import spawn
+
+from fastrl.losses import LossConfig
+from fastrl.trainer import sequence_parallel as seqpar
+from fastrl.trainer.batching import Sample, collate
+from fastrl.trainer.fsdp import shard_model
+from fastrl.trainer.metrics import read_metrics
+from fastrl.trainer.sequence_parallel import (
+    SequenceParallel,
+    check_token_local,
+    init_sequence_parallel,
+    split_microbatch,
+)
+from fastrl.trainer.ulysses import ATTENTION, check_heads, ulysses
+from fastrl.trainer.update import StepSettings, sequence_logprobs, train_step
+
+CONFIG = LossConfig(loss_agg="token-mean", eps_high=0.28)
+BUDGET = 40
+V = 64
+CASES = [  # (name, key/value heads, packed, fsdp)
+    ("gqa-packed", 2, True, False),
+    ("mqa-padded", 1, False, False),
+    ("gqa-padded-fsdp", 2, False, True),
+    ("mqa-packed-fsdp", 1, True, True),
+]
+PLANTS = ("labels", "positions", "normalizer")
+
+
+def qwen2(kv_heads: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=kv_heads, max_position_embeddings=128, tie_word_embeddings=False,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):  # zero at initialisation: make the q/k/v biases count
+                p.normal_(0, 0.1)
+    return model
+
+
+def batch() -> list[Sample]:
+    """Seven samples of unequal lengths (odd and even), one of them masked out of the loss. The longest has
+    its first completion token predicted by the last position of a block (packed), and is alone in a padded
+    micro-batch whose first block predicts no completion token."""
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for i, (p, c) in enumerate([(4, 9), (3, 14), (6, 5), (5, 12), (3, 7), (4, 10), (20, 3)]):
+        ids = torch.randint(3, V, (p + c,), generator=g).tolist()
+        out.append(Sample(ids[:p], ids[p:], float(torch.randn(1, generator=g)), loss_mask=i != 4))
+    return out
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+
+
+class KeepGrads(torch.optim.AdamW):
+    """AdamW that records the full gradients of every step when they are cleared."""
+
+    def zero_grad(self, set_to_none=True):
+        grads = {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None}
+        if grads:
+            self.grads.append({n: _full(g) for n, g in grads.items()})
+        super().zero_grad(set_to_none=set_to_none)
+
+
+def _optimizer(model):
+    # eps 1e-6, not 1e-8: some gradient entries are ~1e-10 (rounding noise of a zero), and AdamW's step
+    # lr·g/(|g| + eps) would turn their last-bit differences into parameter differences of lr·15%
+    opt = KeepGrads(model.parameters(), lr=1e-3, eps=1e-6)
+    opt.model, opt.grads = model, []
+    return opt
+
+
+def settings(packed: bool, sp: SequenceParallel | None = None) -> StepSettings:
+    return StepSettings(CONFIG, BUDGET, packed, 0, sequence=sp)
+
+
+def run_case(kv_heads, packed, fsdp, sp):
+    model = qwen2(kv_heads)
+    if fsdp:
+        model = shard_model(model)
+    opt = _optimizer(model)
+    steps = [train_step(model, opt, batch(), settings(packed, sp)) for _ in range(2)]
+    logp = sequence_logprobs(model, batch(), settings(packed, sp))
+    params = {n: _full(p) for n, p in model.named_parameters()}
+    return dict(steps=steps, grads=opt.grads, params=params, logp=logp), model
+
+
+def _worker(rank, world, out_dir):
+    with pytest.raises(ValueError, match="sequence_parallel=3 does not divide the world size 2"):
+        init_sequence_parallel(3)
+    sp = init_sequence_parallel(2)
+    results = {}
+    for name, kv, packed, fsdp in CASES:
+        results[name], model = run_case(kv, packed, fsdp, sp)
+        if name == "gqa-packed":  # generate inside the context runs the model's own attention
+            prompt = torch.tensor([batch()[0].prompt_ids])
+            before = model.generate(prompt, max_new_tokens=4, do_sample=False)
+            with ulysses(model, sp):
+                inside = model.generate(prompt, max_new_tokens=4, do_sample=False)
+            results["generate"] = (before, inside, model.config._attn_implementation)
+    for plant in PLANTS:
+        seqpar.PLANTED.add(plant)
+        try:
+            results[plant] = run_case(2, True, False, sp)[0]
+        finally:
+            seqpar.PLANTED.discard(plant)
+    torch.save(results, f"{out_dir}/rank{rank}.pt")
+
+
+def reference(kv_heads, packed):
+    model = qwen2(kv_heads)
+    opt = _optimizer(model)
+    steps = [train_step(model, opt, batch(), settings(packed)) for _ in range(2)]
+    logp = sequence_logprobs(model, batch(), settings(packed))
+    return dict(steps=steps, grads=opt.grads, params={n: p.detach() for n, p in model.named_parameters()}, logp=logp)
+
+
+def mismatches(got: dict, ref: dict) -> list[str]:
+    """What differs beyond float32 rounding: step losses / entropies, gradients, parameters, log-probs."""
+    bad = []
+
+    def close(a, b, what):
+        try:
+            torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b), rtol=1e-5, atol=1e-6)
+        except AssertionError as e:
+            bad.append(f"{what}: {str(e).splitlines()[-2:]}")
+
+    for s, (g, r) in enumerate(zip(got["steps"], ref["steps"])):
+        close(g["loss"], r["loss"], f"step {s} loss")
+        close(g["entropy_mean"], r["entropy_mean"], f"step {s} entropy")
+    for s, (g, r) in enumerate(zip(got["grads"], ref["grads"])):
+        for name in r:
+            close(g[name], r[name], f"step {s} grad {name}")
+    for name, p in ref["params"].items():
+        close(got["params"][name], p, f"param {name}")
+    for i, (g, r) in enumerate(zip(got["logp"], ref["logp"])):
+        close(g, r, f"logp of sample {i}")
+    return bad
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sequence_parallel_2_equals_one_process(tmp_path):
+    spawn(_worker, 2, tmp_path, str(tmp_path))
+    torch.set_num_threads(1)
+    got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    refs = {(kv, packed): reference(kv, packed) for _, kv, packed, _ in CASES}
+    for name, kv, packed, _ in CASES:
+        for r in range(2):
+            assert not mismatches(got[r][name], refs[kv, packed]), (name, r, mismatches(got[r][name], refs[kv, packed]))
+    before, inside, impl = got[0]["generate"]
+    assert torch.equal(before, inside) and impl == "sdpa"
+    for plant in PLANTS:  # each planted bug must be caught by the same comparison
+        assert mismatches(got[0][plant], refs[2, True]), plant
+
+
+def test_split_labels_cross_blocks_and_heads_refused():
+    """The target of a block's last position is the first token of the next block; bad head counts and
+    whole-sequence loss terms are refused with the values named."""
+    samples = batch()[:3]
+    mb = collate(samples, True, 0)
+    blocks = [split_microbatch(mb, SequenceParallel(2, r, None, 1, 0, None)) for r in range(2)]
+    width = mb["input_ids"].shape[1]
+    assert width % 2 == 1 and all(b["input_ids"].shape[1] == (width + 1) // 2 for b in blocks)
+    for key in ("targets", "mask"):
+        whole = torch.zeros_like(mb[key])
+        for r, b in enumerate(blocks):
+            for i in range(len(samples)):
+                t0, t1 = b["spans"][r, i].tolist()
+                whole[i, t0:t1] = b[key][i, : t1 - t0]
+        torch.testing.assert_close(whole, mb[key])
+    assert torch.equal(blocks[1]["position_ids"][0, :3], mb["position_ids"][0, (width + 1) // 2 :][:3])
+    with pytest.raises(ValueError, match="sequence_parallel=3 must divide the model's 4 attention heads"):
+        check_heads(4, 2, 3)
+    with pytest.raises(ValueError, match="sequence_parallel=4 and the model's 6 key/value heads"):
+        check_heads(12, 6, 4)
+    with pytest.raises(ValueError, match="ratio_level='sequence'"):
+        check_token_local(LossConfig(ratio_level="sequence"))
+    with pytest.raises(ValueError, match="needs a process group"):
+        init_sequence_parallel(2)
+    assert ATTENTION not in str(qwen2(1).config._attn_implementation)
+
+
+def _train(out, *flags: str, ranks: int = 1) -> list[dict]:
+    """`fastrl train --preset tiny` for a few cheap steps, on `ranks` torchrun processes; its metrics rows."""
+    cheap = "--warmup-sft-steps 5 --prompts-per-step 4 --group-size 4 --length-penalty 1 --no-progress".split()
+    args = ["-m", "fastrl.trainer", "train", "--preset", "tiny", "--output-dir", str(out), *cheap, *flags]
+    if ranks > 1:
+        with socket.socket() as sock:  # a free port, so parallel sessions do not collide
+            sock.bind(("127.0.0.1", 0))
+            port = str(sock.getsockname()[1])
+        args = ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", port, *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_metrics(str(out))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_torchrun_sequence_parallel_logs_the_one_process_steps(tmp_path):
+    """`--sequence-parallel 2` on 2 ranks (and with `--fsdp`) logs the one-process run's loss, entropy and
+    reward; a checkpoint of it resumes into the one-process run's second step."""
+    keys = ("loss", "entropy_mean", "reward_mean", "train_tokens", "grad_norm")
+    one = _train(tmp_path / "one", "--max-steps", "2", "--save-steps", "0")
+    sp = _train(tmp_path / "sp", "--max-steps", "1", "--save-steps", "1", "--sequence-parallel", "2", ranks=2)
+    resumed = _train(tmp_path / "sp", "--max-steps", "2", "--save-steps", "1", "--sequence-parallel", "2", "--resume",
+                     ranks=2)  # fmt: skip
+    fsdp = _train(tmp_path / "fsdp", "--max-steps", "1", "--sequence-parallel", "2", "--fsdp", ranks=2)
+    assert one[0]["reward_mean"] != 0 and one[0]["loss"] != 0  # the length penalty gives the step a gradient
+    for got, ref in ((sp[0], one[0]), (fsdp[0], one[0]), (resumed[-1], one[1])):
+        torch.testing.assert_close([got[k] for k in keys], [ref[k] for k in keys], rtol=1e-5, atol=1e-6)
+    assert [r["step"] for r in resumed] == [1, 2]
