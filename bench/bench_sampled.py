@@ -16,8 +16,9 @@ import statistics
 import torch
 
 from bench.bench_token_logprobs import TokenLogprobsOp
-from bench.harness import cpu_peak_in_subprocess, git_sha, load_average, relative_error, time_closure
+from bench.harness import cpu_peak_in_subprocess, relative_error, time_closure
 from bench.providers import Provider, always
+from bench.runenv import git_sha, load_average
 from fastrl import token_logprobs
 from fastrl.kernels import LogprobParams, sampled_logprobs_reference, token_logprobs_reference
 
