@@ -55,6 +55,15 @@ def served():
     export.cleanup()
 
 
+def wait_parked(rollout, count: int, timeout_s: float = 120) -> None:
+    """Until `count` pieces have been parked in all; no group may finish meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while len(rollout.parked) < count:
+        assert time.monotonic() < deadline, f"{len(rollout.parked)} pieces parked, expected {count}"
+        assert not rollout.ready_groups()
+        time.sleep(0.05)
+
+
 @torch.no_grad()
 def no_eos_logprobs(model, prompt, completion):
     """Log-probs under the sampler's distribution while min_tokens bans the end token (vLLM masks it)."""
@@ -93,16 +102,14 @@ def test_partial_rollout_continues_under_new_weights_with_stitched_spans(served)
     prompt, n, chunk, length = prompts_of(tokenizer)[1], 2, 3, 8
     rollout.parked.clear()
     rollout.submit(7, prompt, n, SEED, max_tokens=length, min_tokens=length, chunk_tokens=chunk)
-    deadline = time.monotonic() + 120
-    while len(rollout.parked) < n:  # both samples used their first chunk under version 0 and wait
-        assert time.monotonic() < deadline, "no sample was parked"
-        assert not rollout.ready_groups()
+    wait_parked(rollout, n)  # both samples used their first chunk under version 0 and wait
     old = copy.deepcopy(model)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    push.push(1)  # parked pieces resume under version 1 only
-    group = rollout.next_group()  # "waiting": the last piece may run under version 1 while the trainer waits
+    push.push(1)  # parked pieces resume under version 1, without the trainer waiting
+    wait_parked(rollout, 2 * n)  # their second chunk ran and parked again
+    group = rollout.next_group()  # "waiting": the last piece runs under version 1 while the trainer waits
     for ids, lps, spans in zip(group.completion_ids, group.logprobs, group.spans):
         assert len(ids) == length
         assert spans == (VersionSpan(0, 0, chunk), VersionSpan(1, chunk, length))
