@@ -15,9 +15,8 @@ import time
 
 import pytest
 import torch
-from vllm_reference import TOL, hf_logprobs, tiny_config
+from vllm_reference import TOL, hf_logprobs, tiny_config, tiny_pair
 
-from fastrl.trainer.build import build_model
 from fastrl.trainer.rollout.async_client import AsyncRollout, RolloutWorkerError
 from fastrl.trainer.rollout.async_worker import WorkerSpec, request_seed
 from fastrl.trainer.rollout.weight_push import WeightPush
@@ -39,10 +38,7 @@ def spec_of(config, path, tokenizer, **kw) -> WorkerSpec:
 
 @pytest.fixture(scope="module")
 def served():
-    config = tiny_config()
-    torch.manual_seed(0)
-    model, tokenizer = build_model(config, torch.device("cpu"))
-    model.eval()
+    config, model, tokenizer = tiny_pair()
     export = tempfile.TemporaryDirectory(prefix="fastrl-tiny-")
     path = save_tiny(model, tokenizer, export.name)
     t = time.monotonic()
