@@ -21,9 +21,18 @@ setup(
         # peft, accelerate and deepspeed: the TRL integration's LoRA and multi-process tests (tests/integrations);
         # deepspeed installs from its sdist as a pure-Python wheel and JIT-builds its CPU op (g++) on first use
         "test": [
-            "pytest>=8", "pytest-benchmark>=4", "pytest-timeout", "ruff", "matplotlib", "trl>=1.16,<1.17",
-            "peft>=0.21,<0.22", "accelerate>=1.15,<1.16", "deepspeed>=0.19.8,<0.20", "omegaconf>=2.3",
-        ],  # fmt: skip
+            "pytest>=8",
+            "pytest-benchmark>=4",
+            "pytest-timeout",
+            "ruff",
+            "matplotlib",
+            "trl>=1.16,<1.17",
+            "peft>=0.21,<0.22",
+            "accelerate>=1.15,<1.16",
+            "deepspeed>=0.19.8,<0.20",
+            "omegaconf>=2.3",
+            "tensorboard>=2.21",
+        ],
         "bench": [
             "pytest-benchmark>=4",
             "matplotlib",

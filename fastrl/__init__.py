@@ -18,10 +18,10 @@ _LAZY = {
     "LossOutput": "fastrl.losses",
     "grpo_loss": "fastrl.losses",
     "policy_loss": "fastrl.losses",
-    "lm_body_and_head": "fastrl.losses",
-    "hidden_and_head": "fastrl.losses",
+    "lm_body_and_head": "fastrl.hf",
+    "hidden_and_head": "fastrl.hf",
 }
-_SUBPACKAGES = ("kernels", "losses", "rewards", "trainer", "integrations")
+_SUBPACKAGES = ("kernels", "losses", "hf", "rewards", "trainer", "integrations")
 
 __all__ = [
     "token_logprobs",

@@ -1,7 +1,9 @@
 """The package's shape, read from the source with `ast` (no imports of the code under test):
 
 - dependency direction kernels <- losses <- trainer: kernels import no fastrl.losses / trainer / rewards,
-  losses no fastrl.trainer, the trainer never triton;
+  losses no fastrl.trainer or fastrl.integrations, the trainer never triton;
+- fastrl.hf (Hugging Face model plumbing) imports no other fastrl package and no triton; the TRL integration uses
+  it without importing the trainer;
 - fastrl.rewards imports neither torch nor fastrl.trainer (also checked in a fresh interpreter);
 - no import cycle among fastrl's modules (imports inside functions included, relative imports resolved);
 - no module over 400 lines; every package `__init__` declares `__all__`.
@@ -76,6 +78,20 @@ def test_kernels_import_nothing_above_them():
 
 def test_losses_do_not_import_the_trainer():
     assert not _offenders("fastrl.losses", ("fastrl.trainer",))
+
+
+def test_losses_do_not_import_the_integrations():
+    assert not _offenders("fastrl.losses", ("fastrl.integrations",))
+
+
+def test_hf_imports_no_other_fastrl_package():
+    assert "fastrl.hf" in MODULES
+    others = ("fastrl.kernels", "fastrl.losses", "fastrl.trainer", "fastrl.integrations", "fastrl.rewards")
+    assert not _offenders("fastrl.hf", others + ("triton",))
+
+
+def test_trl_integration_does_not_import_the_trainer():
+    assert not _offenders("fastrl.integrations.trl", ("fastrl.trainer",))
 
 
 def test_trainer_never_imports_triton():

@@ -31,8 +31,9 @@ import types
 import torch
 from verl.trainer.ppo.core_algos import register_policy_loss
 
+from fastrl.hf import lm_body_and_head
 from fastrl.kernels import token_logprobs
-from fastrl.losses import LossConfig, lm_body_and_head, policy_loss, verl_normalizer
+from fastrl.losses import LossConfig, policy_loss, verl_normalizer
 
 __all__ = [
     "VERL_FORWARDS",

@@ -2,7 +2,8 @@
 
     logprobs/    per-token log-probabilities and entropy from hidden states, without the `[N, V]` logits
     policy/      the per-token policy loss reduced to per-sequence sums and statistics
-    dispatch.py  `impl` ("auto" / "triton" / "torch") → the implementation that runs, for both ops
+    dispatch.py  `impl` ("auto" / "triton" / "torch") resolved for a device
+    logits.py    the float32 logit tile of every PyTorch walk, and the autocast guard
     configs.py   every Triton launch constant and `triton.Config`
 
 Imports only torch (and triton, when a Triton path runs).
@@ -11,9 +12,12 @@ Imports only torch (and triton, when a Triton path runs).
 from .dispatch import IMPLS, resolve_impl
 from .fused_loss import attach_gradients, policy_loss_grads
 from .logprobs import (
+    MIN_TEMPERATURE,
     LogprobParams,
+    check_temperature,
     sampled_logprobs_reference,
     sampled_token_logprobs,
+    sampler_on,
     token_logprobs,
     token_logprobs_reference,
 )
@@ -21,9 +25,11 @@ from .policy import NUM_STATS, STATS, PolicyLossParams, policy_rows, policy_rows
 
 __all__ = [
     "IMPLS",
+    "MIN_TEMPERATURE",
     "NUM_STATS",
     "STATS",
     "attach_gradients",
+    "check_temperature",
     "LogprobParams",
     "PolicyLossParams",
     "policy_loss_grads",
@@ -32,6 +38,7 @@ __all__ = [
     "resolve_impl",
     "sampled_logprobs_reference",
     "sampled_token_logprobs",
+    "sampler_on",
     "token_logprobs",
     "token_logprobs_reference",
 ]

@@ -1,14 +1,15 @@
-"""Which implementation runs: maps `impl` ("auto", "triton", "torch") to a function, for every op.
+"""Which implementation runs: `impl` ("auto", "triton", "torch") resolved to "triton" or "torch" for a device.
 
-The Triton modules are imported only when the Triton path is chosen: triton is an optional dependency,
-and the torch paths must import and run without it.
+Each op maps the resolved name to its function in its own package (`logprobs.function.token_logprobs_impl`,
+`policy.api.policy_rows_impl`), importing its Triton modules only when the Triton path is chosen: triton is an
+optional dependency, and the torch paths must import and run without it. This module imports no op.
 """
 
 import os
 
 import torch
 
-__all__ = ["IMPLS", "interpreter_on", "policy_rows_impl", "resolve_impl", "token_logprobs_impl", "triton_available"]
+__all__ = ["IMPLS", "interpreter_on", "resolve_impl", "triton_available"]
 
 IMPLS = ("auto", "triton", "torch")
 
@@ -40,25 +41,3 @@ def resolve_impl(impl: str, device: torch.device) -> str:
                 "is imported; use impl='torch' or 'auto' on CPU"
             )
     return impl
-
-
-def token_logprobs_impl(impl: str):
-    """The `[N, D]`, `[V, D]`, `[N]` log-prob function of a resolved `impl` ("triton" or "torch")."""
-    if impl == "triton":
-        from .logprobs.function import token_logprobs_triton
-
-        return token_logprobs_triton
-    from .logprobs.function import token_logprobs_chunked
-
-    return token_logprobs_chunked
-
-
-def policy_rows_impl(impl: str):
-    """The per-token policy-loss function (row_loss, stats) of a resolved `impl` ("triton" or "torch")."""
-    if impl == "triton":
-        from .policy.function import policy_rows_triton
-
-        return policy_rows_triton
-    from .policy.naive import policy_rows_torch
-
-    return policy_rows_torch

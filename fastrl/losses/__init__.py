@@ -1,8 +1,9 @@
 """PPO/GRPO policy losses (docs/math.md §2–3): config, per-token math, exact aggregation, fused entry point."""
 
+from fastrl.hf import head_softcap, hidden_and_head, lm_body_and_head
+
 from .config import LossConfig
 from .grpo import GRPOLoss, grpo_loss
-from .hf import head_softcap, hidden_and_head, lm_body_and_head
 from .policy import METRIC_KEYS, LossOutput, Normalizer, policy_loss
 from .trl_compat import trl_normalizer
 from .verl_compat import verl_normalizer

@@ -3,6 +3,8 @@
 import numbers
 from dataclasses import dataclass
 
+from fastrl.kernels import check_temperature, sampler_on
+
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
 # TRL's `loss_type` names. "dapo" is token-mean whose normalizer is the GLOBAL token count of the
 # optimizer step: pass it as `normalizer=` (the default, the micro-batch count, is TRL's "bnpo").
@@ -91,10 +93,7 @@ class LossConfig:
     @property
     def sampler_on(self) -> bool:
         """Whether the log-probs are those of a truncated or soft-capped distribution (docs/math.md §8)."""
-        k, p, m = self.top_k, self.top_p, self.min_p
-        return (k is not None and k > 0) or (p is not None and p < 1) or (m is not None and m > 0) or (
-            self.softcap is not None
-        )
+        return sampler_on(self.top_k, self.top_p, self.min_p, self.softcap)
 
     def __post_init__(self):
         if not isinstance(self.loss_agg, str):
@@ -173,8 +172,7 @@ class LossConfig:
                 raise ValueError(
                     f"eps_low must be < 1 (the lower clip bound 1 - eps_low must stay > 0), got {self.eps_low}"
                 )
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        check_temperature(self.temperature)  # the log-prob op's own rule: finite and >= MIN_TEMPERATURE
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"dual_clip must be None or > 1, got {self.dual_clip}")
         for name in ("is_cap", "kl_clip", "is_log_clip", "sapo_tau_pos", "sapo_tau_neg"):

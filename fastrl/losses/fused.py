@@ -1,20 +1,22 @@
-"""`grpo_loss` with its gradient formed in the forward pass (docs/math.md §7): the loss side of the glue.
+"""The loss side of the head glue: `grpo_loss` with its gradient formed in the forward pass (docs/math.md §7), and
+the loss on the sampler's distribution (§8), which that pass cannot take.
 
-Taken for a token-level ratio when a gradient is wanted. The loss value and the metrics are those of
-`policy_loss` on the log-probs of the same pass (so they equal the two-pass path's); the gradients of
-hidden, weight and bias come from `fastrl.kernels.fused_loss`, formed chunk by chunk in the forward and
+The fused pass is taken for a token-level ratio when a gradient is wanted and nothing truncates or caps the
+logits; `fused_grpo_parts` hands a config with the sampler on to `sampled_grpo_parts`. The loss value and the
+metrics are those of `policy_loss` on the log-probs of the same pass (so they equal the two-pass path's); the
+gradients of hidden, weight and bias come from `fastrl.kernels.fused_loss`, formed chunk by chunk in the forward and
 handed to autograd by the backward.
 """
 
 import torch
 
-from fastrl.kernels import attach_gradients, policy_loss_grads
+from fastrl.kernels import attach_gradients, policy_loss_grads, sampled_token_logprobs, token_logprobs
 
 from .config import LossConfig
-from .policy import LossOutput, Normalizer, _aggregate, _kernel_params, policy_loss
+from .policy import LossOutput, Normalizer, aggregate, kernel_params, policy_loss
 from .weights import policy_weight
 
-__all__ = ["fusable_loss", "fused_grpo_loss", "fused_grpo_parts", "wants_fused"]
+__all__ = ["fusable_loss", "fused_grpo_loss", "fused_grpo_parts", "sampled_grpo_parts", "wants_fused"]
 
 
 def wants_fused(hidden, weight, bias, config: LossConfig, old=None, rollout=None) -> bool:
@@ -32,9 +34,10 @@ def fusable_loss(config: LossConfig, old=None) -> bool:
     Left to the recompute path: a sequence-level ratio (GSPO, GSPO-token); policy weights that read the
     current log-probs (CISPO's clipped ratio, VESPO's sequence weight, the off-policy sequence mask, and an IS
     weight whose base is the current policy because old_logprobs is None); rejection sampling, which changes
-    the mask; the batch entropy quantile; and an entropy bonus aggregated apart from the loss.
+    the mask; the batch entropy quantile; an entropy bonus aggregated apart from the loss; and the sampler's
+    distribution (`config.sampler_on`: truncation or a soft-cap), whose log-probs that pass does not compute.
     """
-    if config.ratio_level != "token":
+    if config.ratio_level != "token" or config.sampler_on:
         return False
     if config.pg_loss not in ("clip", "sapo", "gpg") or config.off_policy_mask is not None or config.rejection:
         return False
@@ -49,7 +52,7 @@ def _row_weight(mask: torch.Tensor, config: LossConfig, normalizer) -> torch.Ten
     tokens = live.sum(-1).float()
     probe = torch.zeros(mask.shape[0], dtype=torch.float32, device=mask.device, requires_grad=True)
     with torch.enable_grad():
-        (weight,) = torch.autograd.grad(_aggregate(probe, tokens, config, normalizer), probe)
+        (weight,) = torch.autograd.grad(aggregate(probe, tokens, config, normalizer), probe)
     return weight
 
 
@@ -77,7 +80,15 @@ def fused_grpo_parts(
     ignore_index,
 ):
     """`fused_grpo_loss`, and the pass's detached log-probs `[B, T]` and entropy `[B, T]` (or None) with it, for a
-    caller that logs metrics of its own from them. `targets` hold `ignore_index` wherever mask is 0."""
+    caller that logs metrics of its own from them. `targets` hold `ignore_index` wherever mask is 0. A config with
+    the sampler on (`config.sampler_on`) is the sampler's distribution: `sampled_grpo_parts` computes it."""
+    if config.sampler_on:
+        out, logp, entropy = sampled_grpo_parts(
+            hidden, weight, targets, mask, advantages, bias=bias, old=old, ref=ref, rollout=rollout, config=config,
+            normalizer=normalizer, impl=impl, temperature=temperature, return_entropy=return_entropy,
+            ignore_index=ignore_index,
+        )  # fmt: skip
+        return out, logp.detach(), None if entropy is None else entropy.detach()
     need_entropy = config.entropy_coef != 0 or return_entropy
     b, t = mask.shape
     # The policy inputs and the normalizer are checked before any vocabulary work: the same call on zeros.
@@ -109,7 +120,7 @@ def fused_grpo_parts(
         old,
         ref,
         None if token_weight is None else token_weight.float(),
-        _kernel_params(config),
+        kernel_params(config),
         _row_weight(mask, config, policy_normalizer),
         bias=bias,
         temperature=temperature,
@@ -130,3 +141,27 @@ def fused_grpo_parts(
         impl=impl,
     )
     return LossOutput(attach_gradients(out.loss.detach(), hidden, weight, bias, grads), out.metrics), logp, entropy
+
+
+def sampled_grpo_parts(hidden, weight, targets, mask, advantages, *, bias, old, ref, rollout, config, normalizer, impl,
+                       temperature, return_entropy, ignore_index, sampler=None, process_group=None):  # fmt: skip
+    """(LossOutput, logp, entropy) of the loss on the sampler's distribution (docs/math.md §8): its log-probs (two
+    passes, no gradient-in-forward), then `policy_loss`; metrics["outside_kept_frac"] added. `sampler`: top_k /
+    top_p / min_p (None: config's); with `process_group` the vocab-parallel call takes the soft-cap and refuses
+    the truncation rules (each named)."""
+    sampler = dict(top_k=config.top_k, top_p=config.top_p, min_p=config.min_p) if sampler is None else sampler
+    need_entropy = config.entropy_coef != 0 or config.top_entropy_quantile < 1 or return_entropy
+    options = dict(bias=bias, temperature=temperature, ignore_index=ignore_index, return_entropy=need_entropy,
+                   impl=impl, softcap=config.softcap, **sampler)  # fmt: skip
+    if process_group is None:
+        out = sampled_token_logprobs(hidden, weight, targets, **options)
+        logp, entropy, outside = out.logp, out.entropy, out.outside
+    else:
+        out = token_logprobs(hidden, weight, targets, process_group=process_group, **options)
+        logp, entropy = out if need_entropy else (out, None)
+        outside = torch.zeros(logp.shape, dtype=torch.bool, device=logp.device)  # nothing truncated
+    res = policy_loss(logp, advantages, mask, old_logprobs=old, ref_logprobs=ref, rollout_logprobs=rollout,
+                      entropy=entropy, config=config, normalizer=normalizer, impl=impl)  # fmt: skip
+    live = mask if mask.dtype == torch.bool else mask != 0
+    frac = (outside & live).sum().float() / live.sum().clamp(min=1).float()
+    return LossOutput(res.loss, {**res.metrics, "outside_kept_frac": frac}), logp, entropy

@@ -5,10 +5,10 @@ import dataclasses
 import torch
 from torch import nn
 
-from fastrl.kernels import IMPLS, sampled_token_logprobs, token_logprobs
+from fastrl.kernels import IMPLS, sampler_on, token_logprobs
 
 from .config import LossConfig
-from .fused import fused_grpo_loss, wants_fused
+from .fused import fused_grpo_loss, sampled_grpo_parts, wants_fused
 from .policy import LossOutput, policy_loss
 
 __all__ = ["GRPOLoss", "IGNORE_INDEX", "grpo_loss"]
@@ -60,14 +60,15 @@ def grpo_loss(
             as in `policy_loss`; `impl` also picks the log-prob implementation.
         process_group: vocab-parallel head, as in `token_logprobs`: weight and bias are this rank's rows,
             every other input is the full one on every rank; the loss equals the unsharded one everywhere.
-        temperature: None (use config.temperature) or a `[B, T]` tensor of per-token temperatures (> 0
-            where mask is 1), e.g. a sampler's per-sample temperature broadcast over the completion.
+        temperature: None (use config.temperature) or a `[B, T]` tensor of per-token temperatures (>= 1e-6,
+            MIN_TEMPERATURE, everywhere), e.g. a sampler's per-sample temperature broadcast over the completion.
         return_entropy: also compute the entropy (from the same pass) and report metrics["entropy_mean"]
             when config.entropy_coef == 0.
         top_k, top_p, min_p: the sampler's truncation (docs/math.md §8), overriding config's: a number, or a
             per-row `[B]` / per-token `[B, T]` tensor. With any of them (or config.softcap) on, logp, the ratios,
             the KL and the entropy are those of the kept set's distribution, and metrics["outside_kept_frac"] is
-            the fraction of masked tokens whose target lies outside it.
+            the fraction of masked tokens whose target lies outside it. With process_group a soft-cap works and a
+            truncation rule that is on is a ValueError naming it.
 
     Returns:
         LossOutput(loss, metrics), as `policy_loss`.
@@ -103,11 +104,12 @@ def grpo_loss(
         "top_p": config.top_p if top_p is None else top_p,
         "min_p": config.min_p if min_p is None else min_p,
     }
-    if _sampler_on(sampler) or config.softcap is not None:
-        if process_group is not None:
-            raise ValueError("top_k / top_p / min_p / softcap are not supported with process_group")
-        return _sampled_grpo_loss(hidden, weight, targets, mask, advantages, bias, old_logprobs, ref_logprobs,
-                                  rollout_logprobs, config, normalizer, impl, tau, return_entropy, sampler)  # fmt: skip
+    if sampler_on(**sampler, softcap=config.softcap):
+        return sampled_grpo_parts(
+            hidden, weight, targets, mask, advantages, bias=bias, old=old_logprobs, ref=ref_logprobs,
+            rollout=rollout_logprobs, config=config, normalizer=normalizer, impl=impl, temperature=tau,
+            return_entropy=return_entropy, ignore_index=IGNORE_INDEX, sampler=sampler, process_group=process_group,
+        )[0]  # fmt: skip
     if (
         isinstance(hidden, torch.Tensor)
         and isinstance(weight, torch.Tensor)
@@ -158,26 +160,6 @@ def grpo_loss(
         normalizer=normalizer,
         impl=impl,
     )
-
-
-def _sampler_on(sampler: dict) -> bool:
-    k, p, m = sampler["top_k"], sampler["top_p"], sampler["min_p"]
-    if any(isinstance(x, torch.Tensor) for x in (k, p, m)):
-        return True
-    return (k is not None and k > 0) or (p is not None and p < 1) or (m is not None and m > 0)
-
-
-def _sampled_grpo_loss(hidden, weight, targets, mask, advantages, bias, old, ref, rollout, config, normalizer, impl,
-                       tau, return_entropy, sampler) -> LossOutput:  # fmt: skip
-    """The loss on the sampler's distribution: §8 log-probs (no gradient-in-forward pass), then `policy_loss`."""
-    need_entropy = config.entropy_coef != 0 or config.top_entropy_quantile < 1 or return_entropy
-    out = sampled_token_logprobs(hidden, weight, targets, bias=bias, temperature=tau, ignore_index=IGNORE_INDEX,
-                                 return_entropy=need_entropy, impl=impl, softcap=config.softcap, **sampler)  # fmt: skip
-    res = policy_loss(out.logp, advantages, mask, old_logprobs=old, ref_logprobs=ref, rollout_logprobs=rollout,
-                      entropy=out.entropy, config=config, normalizer=normalizer, impl=impl)  # fmt: skip
-    live = mask if mask.dtype == torch.bool else mask != 0
-    outside = (out.outside & live).sum().float() / live.sum().clamp(min=1).float()
-    return LossOutput(res.loss, {**res.metrics, "outside_kept_frac": outside})
 
 
 class GRPOLoss(nn.Module):

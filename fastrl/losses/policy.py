@@ -12,7 +12,7 @@ from .config import LossConfig
 from .normalizer import Normalizer
 from .weights import policy_weight, rejection_keep
 
-__all__ = ["METRIC_KEYS", "LossOutput", "Normalizer", "policy_loss"]
+__all__ = ["METRIC_KEYS", "LossOutput", "Normalizer", "aggregate", "kernel_params", "policy_loss"]
 
 # The per-token means a loss call can report in `LossOutput.metrics` (besides `num_tokens`), under the names
 # the trainer logs them, each with the `STATS` column it averages (None: computed with the weights); a metric
@@ -129,7 +129,7 @@ def _normalizer(normalizer, default: torch.Tensor) -> torch.Tensor:
     return torch.where(norm == 0, torch.ones_like(norm), norm)
 
 
-def _aggregate(row_loss: torch.Tensor, tokens: torch.Tensor, config: LossConfig, normalizer) -> torch.Tensor:
+def aggregate(row_loss: torch.Tensor, tokens: torch.Tensor, config: LossConfig, normalizer) -> torch.Tensor:
     """docs/math.md §3: per-sequence masked sums `[B]` and token counts `[B]` → the scalar loss."""
     if config.count_empty_rows:
         # torch.full, not torch.tensor: a fill kernel, no blocking host-to-device copy on CUDA
@@ -149,7 +149,7 @@ def _aggregate(row_loss: torch.Tensor, tokens: torch.Tensor, config: LossConfig,
     return numerator / _normalizer(normalizer, default)
 
 
-def _kernel_params(config: LossConfig) -> PolicyLossParams:
+def kernel_params(config: LossConfig) -> PolicyLossParams:
     """The only map from a `LossConfig` to the kernels' `PolicyLossParams`.
 
     Every kernel field but `pg` is the `LossConfig` field of the same name (numbers as Python floats), with
@@ -245,7 +245,7 @@ def policy_loss(
     steps = 1.0
     if isinstance(normalizer, Normalizer):
         normalizer, steps = normalizer.policy, normalizer.accumulation_steps
-    params = _kernel_params(config)
+    params = kernel_params(config)
     m = mask if mask.dtype == torch.bool else mask != 0
     m_in, rejected = m, None
     if config.rejection:  # the rejected tokens leave the loss, its counts and metrics
@@ -262,7 +262,7 @@ def policy_loss(
     row_loss, stats = policy_rows(
         logprobs, advantages, mask, old_logprobs, ref_logprobs, weight, entropy, params, impl=impl
     )
-    loss = _aggregate(row_loss, stats[:, _TOKENS].to(row_loss.dtype), config, normalizer)
+    loss = aggregate(row_loss, stats[:, _TOKENS].to(row_loss.dtype), config, normalizer)
     if config.entropy_agg == "token-mean" and config.entropy_coef != 0:
         loss = loss + _entropy_bonus(entropy, m, h_mask, config, steps).to(loss.dtype)
     metrics = _metrics_from_stats(stats, config, ref_logprobs is not None, entropy is not None)

@@ -1,24 +1,44 @@
-"""TRL's `GRPOTrainer` loss as a `LossConfig`, and the normalizer of one of its micro-batch calls."""
+"""TRL's `GRPOTrainer` loss as a `LossConfig`, and the normalizer of one of its micro-batch calls.
+
+This is the loss's knowledge of TRL (its loss types, IS modes and divisors), with no TRL import. It lives with the
+losses, not in `fastrl.integrations`, because `LossConfig.from_trl` and `fastrl.losses.trl_normalizer` are the
+losses' public API and the losses import nothing above them; `fastrl.integrations.trl` reads it from here.
+"""
+
+from typing import NamedTuple
 
 import torch
 
 from .normalizer import Normalizer
 
-__all__ = ["TRL_LOSS_TYPES", "config_from_trl", "trl_normalizer"]
+__all__ = [
+    "TRL_GLOBAL_TOKEN_TYPES",
+    "TRL_IS_MODES",
+    "TRL_LOSS_TYPES",
+    "TRLLossType",
+    "config_from_trl",
+    "trl_normalizer",
+]
 
-# loss_type → (§3 aggregation, policy term)
+
+class TRLLossType(NamedTuple):
+    loss_agg: str  # docs/math.md §3 aggregation
+    pg_loss: str  # policy term
+    global_tokens: bool  # divided by the generation batch's token count (`num_items_in_batch`), not the call's
+
+
+# TRL's `loss_type` names: the one table (the TRL integration and the tests read it)
 TRL_LOSS_TYPES = {
-    "grpo": ("seq-mean-token-mean", "clip"),
-    "bnpo": ("token-mean", "clip"),
-    "dr_grpo": ("seq-mean-token-sum-norm", "clip"),
-    "dapo": ("token-mean", "clip"),
-    "luspo": ("seq-mean-token-sum", "clip"),
-    "cispo": ("token-mean", "cispo"),
-    "sapo": ("seq-mean-token-mean", "sapo"),
-    "vespo": ("token-mean", "vespo"),
+    "grpo": TRLLossType("seq-mean-token-mean", "clip", False),
+    "bnpo": TRLLossType("token-mean", "clip", False),
+    "dr_grpo": TRLLossType("seq-mean-token-sum-norm", "clip", False),
+    "dapo": TRLLossType("token-mean", "clip", True),
+    "luspo": TRLLossType("seq-mean-token-sum", "clip", False),
+    "cispo": TRLLossType("token-mean", "cispo", True),
+    "sapo": TRLLossType("seq-mean-token-mean", "sapo", False),
+    "vespo": TRLLossType("token-mean", "vespo", True),
 }
-# normalised by the generation batch's token count (`num_items_in_batch`), not the micro-batch's
-TRL_GLOBAL_TOKEN_TYPES = ("dapo", "cispo", "vespo")
+TRL_GLOBAL_TOKEN_TYPES = tuple(name for name, kind in TRL_LOSS_TYPES.items() if kind.global_tokens)
 TRL_IS_MODES = {
     "token_truncate": ("token", "truncate"),
     "token_mask": ("token", "mask"),
@@ -41,7 +61,7 @@ def config_from_trl(cls, args):
         unsupported.append("use_liger_kernel=True (TRL then runs Liger's loss, not GRPOTrainer's)")
     if _get(args, "use_adaptive_entropy", False):
         unsupported.append("use_adaptive_entropy=True (the entropy coefficient changes between steps)")
-    agg, pg = TRL_LOSS_TYPES[loss_type]
+    agg, pg, _ = TRL_LOSS_TYPES[loss_type]
     eps = float(_get(args, "epsilon", 0.2))
     eps_high = _get(args, "epsilon_high", None)
     eps_high = eps if eps_high is None else float(eps_high)

@@ -1,4 +1,8 @@
-"""verl's actor loss (`verl.workers.utils.losses.ppo_loss`) as a `LossConfig`, and its normalizer."""
+"""verl's actor loss (`verl.workers.utils.losses.ppo_loss`) as a `LossConfig`, and its normalizer.
+
+No verl import: it serves `LossConfig.from_verl` and `fastrl.losses.verl_normalizer` (the losses' public API, so
+it lives with the losses, which import nothing above them) and `fastrl.integrations.verl`.
+"""
 
 from collections.abc import Mapping
 
@@ -7,21 +11,16 @@ from .normalizer import Normalizer
 __all__ = ["VERL_KL", "VERL_POLICY_LOSSES", "config_from_verl", "verl_normalizer"]
 
 VERL_POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "gpg")
-# kl_loss_type → (fastrl estimator, clamp of the estimate)
-VERL_KL = {
-    "kl": ("k1", None),
-    "k1": ("k1", None),
-    "abs": ("abs", None),
-    "mse": ("k2", None),
-    "k2": ("k2", None),
-    "low_var_kl": ("k3", 10.0),
-    "k3": ("k3", 10.0),
-    "kl+": ("k1+", None),
-    "k1+": ("k1+", None),
-    "mse+": ("k2", None),
-    "k2+": ("k2", None),
-    "low_var_kl+": ("k3+", 10.0),
-    "k3+": ("k3+", 10.0),
+# kl_loss_type → (fastrl estimator, clamp of the estimate); verl's "+" types take k2's gradient
+_VERL_KL_NAMES = {
+    "k1": ("k1", None), "abs": ("abs", None), "k2": ("k2", None), "k3": ("k3", 10.0),
+    "k1+": ("k1+", None), "k2+": ("k2", None), "k3+": ("k3+", 10.0),
+}  # fmt: skip
+# and verl's older names for them
+VERL_KL = _VERL_KL_NAMES | {
+    old + plus: _VERL_KL_NAMES[new + plus]
+    for old, new in (("kl", "k1"), ("mse", "k2"), ("low_var_kl", "k3"))
+    for plus in ("", "+")
 }
 # verl clamps every log IS ratio to ±20 before exp
 VERL_IS_LOG_BOUND = 20.0

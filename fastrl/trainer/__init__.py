@@ -1,9 +1,37 @@
 """A thin GRPO trainer on the fused loss: `fastrl train --preset tiny` (CPU) or `--preset math-32k` (GPU).
 
-One module per stage (config, tasks, rollout/, rewards, scoring, advantages, batching, update,
-distributed, checkpoint, metrics, tiny/), `build.py` and `stages.py` as the loop's steps, `trainer.py` the
-loop; see docs/trainer.md. Names below load lazily, so importing `fastrl.trainer.rewards` does not pull
-in transformers.
+`trainer.py` is the loop; `build.py` (setting up) and `stages.py` (one iteration) are its steps. Every module:
+
+    config.py              TrainConfig (frozen) holding a fastrl.LossConfig; presets; YAML / JSON files
+    validate.py            per-field checks and ConfigError (the field and value that are wrong)
+    preflight.py           checks and reward resolution before anything is built
+    cli.py, __main__.py    `fastrl train ...` / `python -m fastrl.trainer train ...`
+    tasks.py               problems, the arithmetic task, JSONL / HF-dataset loaders, the resumable PromptStream
+    rollout/               sampling G completions per prompt
+      engine.py              the interface (Completion, RolloutEngine) and prompt building
+      base.py                SamplingEngine: what both engines are built from, `(model, tokenizer, config)`
+      hf_engine.py           transformers `generate` on the training model
+      vllm_engine.py         vLLM in the trainer's process
+      thinking.py            the thinking budget: sampling in rounds
+    scoring.py             rewards (fastrl.rewards) -> shaping -> advantages -> samples, metric sums
+    advantages.py          group z-score advantages
+    batching.py            token-budget micro-batches, padded or packed
+    update.py              StepSettings and train_step: one optimizer step of fastrl.grpo_loss; sequence_logprobs
+    distributed.py         torchrun data parallelism: prompt sharding, summed gradients and counts
+    fsdp.py                --fsdp: FSDP2 sharding and sharded forward calls
+    checkpoint.py          atomic checkpoints (the staging write both kinds use), resume, output-dir guard
+    sharded_checkpoint.py  --fsdp checkpoints (torch.distributed.checkpoint); export to a HF directory
+    metrics.py             metrics.jsonl (+ TensorBoard), progress lines
+    build.py               start_run: device, process group, model, data, warm-up, reference, optimizer, resume
+    stages.py              collect, attach_logprobs, minibatches, optimizer_step, step_record, save_run
+    trainer.py             train(): the loop
+    tiny/                  the CPU preset's pieces
+      model.py               tiny Llama-architecture model and character tokenizer
+      warmup.py              the supervised warm-up on noisy demonstrations
+      export.py              the pair as a Hugging Face model directory (for vLLM)
+
+The Hugging Face model plumbing (body and head, tiled MLPs, checkpointing) is `fastrl.hf`; see docs/trainer.md.
+Names below load lazily, so importing `fastrl.trainer` does not pull in transformers.
 """
 
 import importlib
@@ -15,6 +43,7 @@ _EXPORTS = {
     "train": "trainer",
     "group_advantages": "advantages",
     "plan_microbatches": "batching",
+    "StepSettings": "update",
     "train_step": "update",
 }
 

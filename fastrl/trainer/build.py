@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fastrl.hf import enable_checkpointing
+
 from . import distributed as dist_utils
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_checkpoint
 from .config import TrainConfig
@@ -19,7 +21,7 @@ from .fsdp import shard_model
 from .sharded_checkpoint import is_sharded_checkpoint, load_sharded
 from .tasks import PromptStream, load_problems
 from .tiny import CharTokenizer, sft_warmup, tiny_model
-from .update import supports_packing
+from .update import StepSettings, supports_packing
 from .validate import ConfigError
 
 
@@ -36,6 +38,7 @@ class Run:
     packed: bool  # padding-free packed micro-batches
     rank: int
     own_group: bool  # this process created the process group (and destroys it at the end)
+    settings: StepSettings  # how `update.train_step` and `update.sequence_logprobs` run
     resumed: bool = False
     step: int = 0  # optimizer steps taken
     elapsed_before: float = 0.0  # training seconds of the runs this one resumes
@@ -74,31 +77,8 @@ def build_model(config: TrainConfig, device: torch.device):
         model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32, attn_implementation=attn)
     model.to(device)
     if config.gradient_checkpointing:
-        kwargs = {"use_reentrant": False, "context_fn": keep_attention_outputs}
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name; the old one warns
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        enable_checkpointing(model)
     return model, tokenizer
-
-
-_ATTENTION_OPS = tuple(
-    getattr(torch.ops.aten, name).default
-    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
-    if hasattr(torch.ops.aten, name)
-)  # fmt: skip
-
-
-def keep_attention_outputs():
-    """Selective checkpointing: a checkpointed layer keeps its fused attention kernel's outputs (the output and
-    its logsumexp, 4·D bytes a token and layer) instead of running the kernel again in the backward. The kernel is
-    quadratic in the sequence while the projections around it are linear: at 33k tokens and D = 896 its forward
-    is most of a layer's forward time (about 15 s of 20 s on 2 CPU cores), and the recomputed projections still
-    rebuild what its backward reads."""
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    return create_selective_checkpoint_contexts(list(_ATTENTION_OPS))
 
 
 def make_scheduler(optimizer, config: TrainConfig):
@@ -167,8 +147,9 @@ def start_run(config: TrainConfig) -> Run:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, config.adam_beta2)
     )
+    settings = StepSettings.from_config(config, packed, tokenizer.pad_token_id)
     run = Run(model, tokenizer, ref_model, optimizer, make_scheduler(optimizer, config),
-              PromptStream(problems, config.seed), packed, rank, own_group)  # fmt: skip
+              PromptStream(problems, config.seed), packed, rank, own_group, settings)  # fmt: skip
     state = None
     if resuming and config.fsdp:
         state = load_sharded(latest_checkpoint(config.output_dir), model, optimizer, run.scheduler, ref_model)

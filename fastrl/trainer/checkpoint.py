@@ -26,13 +26,18 @@ from . import distributed as dist_utils
 from .validate import ConfigError
 
 __all__ = [
+    "checkpoint_dir",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
     "prepare_output_dir",
     "resume_checkpoint",
+    "rng_state",
     "save_checkpoint",
+    "save_state",
+    "set_rng_state",
     "verify_checkpoint",
+    "write_staged",
 ]
 
 PREFIX = "step-"
@@ -40,18 +45,18 @@ MANIFEST = "manifest.json"
 METRICS = "metrics.jsonl"
 
 
-def _checkpoint_dir(output_dir: str) -> str:
+def checkpoint_dir(output_dir: str) -> str:
     return os.path.join(output_dir, "checkpoints")
 
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
@@ -86,9 +91,23 @@ def _step_of(path: str) -> int:
     return int(os.path.basename(path)[len(PREFIX) :])
 
 
-def save_checkpoint(output_dir: str, step: int, model, optimizer, scheduler, extra: dict, keep: int = 2) -> str:
-    """Write checkpoint `step` (every rank calls this; rank 0 writes the shared state). Returns its path."""
-    root = _checkpoint_dir(output_dir)
+def save_state(directory: str, state: dict) -> None:
+    """`state` as `directory/state.pt`, on disk (fsynced) when this returns."""
+    with open(os.path.join(directory, "state.pt"), "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_staged(output_dir: str, step: int, keep: int, write, *, manifest: bool = True) -> str:
+    """Write checkpoint `step` atomically (every rank calls this). Returns its path.
+
+    Rank 0 creates `.tmp-step-N`; every rank saves its RNG states there and calls `write(tmp)` for its own
+    files; once all are done, rank 0 adds the manifest (when `manifest`, last: a checkpoint without it was never
+    completed), fsyncs the directory, renames it to `step-N`, and keeps the newest `keep` checkpoints up to
+    this step (a newer one cannot belong to this run's history).
+    """
+    root = checkpoint_dir(output_dir)
     final = os.path.join(root, f"{PREFIX}{step:08d}")
     tmp = os.path.join(root, f".tmp-{PREFIX}{step:08d}")
     if dist_utils.rank() == 0:
@@ -96,27 +115,16 @@ def save_checkpoint(output_dir: str, step: int, model, optimizer, scheduler, ext
         shutil.rmtree(tmp, ignore_errors=True)  # leftover of a run killed while saving
         os.makedirs(tmp)
     dist_utils.barrier()
-    torch.save(_rng_state(), os.path.join(tmp, f"rng-rank{dist_utils.rank()}.pt"))
-    if dist_utils.rank() == 0:
-        state = {
-            "step": step,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            **extra,
-        }
-        with open(os.path.join(tmp, "state.pt"), "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+    torch.save(rng_state(), os.path.join(tmp, f"rng-rank{dist_utils.rank()}.pt"))
+    write(tmp)
     dist_utils.barrier()
     if dist_utils.rank() == 0:
-        _write_manifest(tmp, step)  # last: a checkpoint without it was never completed
+        if manifest:
+            _write_manifest(tmp, step)
         _fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)  # re-saving a step after a resume
         os.rename(tmp, final)
         _fsync_dir(root)
-        # only checkpoints up to this step count: a newer one cannot belong to this run's history
         ours = [p for p in list_checkpoints(output_dir) if _step_of(p) <= step]
         for old in ours[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
@@ -124,9 +132,21 @@ def save_checkpoint(output_dir: str, step: int, model, optimizer, scheduler, ext
     return final
 
 
+def save_checkpoint(output_dir: str, step: int, model, optimizer, scheduler, extra: dict, keep: int = 2) -> str:
+    """Write checkpoint `step` (every rank calls this; rank 0 writes the shared state). Returns its path."""
+
+    def write(tmp: str) -> None:
+        if dist_utils.rank() == 0:
+            state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict(), **extra}  # fmt: skip
+            save_state(tmp, state)
+
+    return write_staged(output_dir, step, keep, write)
+
+
 def list_checkpoints(output_dir: str) -> list[str]:
     """Complete checkpoints, oldest first (temporary directories are never listed)."""
-    root = _checkpoint_dir(output_dir)
+    root = checkpoint_dir(output_dir)
     if not os.path.isdir(root):
         return []
     names = [n for n in os.listdir(root) if n.startswith(PREFIX) and n[len(PREFIX) :].isdigit()]
@@ -180,7 +200,7 @@ def load_checkpoint(path: str, model, optimizer, scheduler) -> dict:
     optimizer.load_state_dict(state.pop("optimizer"))
     scheduler.load_state_dict(state.pop("scheduler"))
     if rng is not None:
-        _set_rng_state(rng)
+        set_rng_state(rng)
     return state
 
 
@@ -209,7 +229,7 @@ def resume_checkpoint(output_dir: str, model, optimizer, scheduler) -> tuple[str
             print(f"fastrl: checkpoint {path} is corrupt: {problem}; falling back to an older one",
                   file=sys.stderr, flush=True)  # fmt: skip
     if found:
-        raise ConfigError("resume", True, f"no intact checkpoint in {_checkpoint_dir(output_dir)}")
+        raise ConfigError("resume", True, f"no intact checkpoint in {checkpoint_dir(output_dir)}")
     return None, None
 
 
@@ -234,7 +254,7 @@ def prepare_output_dir(output_dir: str, resume: bool, overwrite: bool) -> None:
             "to delete it and start again",
         )  # fmt: skip
     if int(os.environ.get("RANK", "0")) == 0:
-        shutil.rmtree(_checkpoint_dir(output_dir), ignore_errors=True)
+        shutil.rmtree(checkpoint_dir(output_dir), ignore_errors=True)
         shutil.rmtree(os.path.join(output_dir, "tensorboard"), ignore_errors=True)
         if os.path.exists(metrics):
             os.remove(metrics)

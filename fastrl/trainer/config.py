@@ -173,23 +173,14 @@ _LOSS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LossConfig)}
 LOSS_KNOBS = tuple(name for name in _LOSS_DEFAULTS if name not in SAMPLER_KNOBS)
 
 
+# fmt: off
 PRESETS = {
     # CPU, built-in model and task; learns visibly in a few minutes on 2 cores (docs/trainer.md).
     "tiny": dict(
-        model="tiny",
-        dataset="arithmetic:9",
-        warmup_sft_steps=300,
-        prompts_per_step=16,
-        group_size=8,
-        max_completion_length=12,
-        rewards=("accuracy:1.0", "format:0.1"),
-        lr=5e-4,
-        max_steps=100,
-        save_steps=25,
-        max_tokens_per_microbatch=4096,
-        num_threads=1,
-        device="cpu",
-        output_dir="runs/tiny",
+        model="tiny", dataset="arithmetic:9", warmup_sft_steps=300,
+        prompts_per_step=16, group_size=8, max_completion_length=12, rewards=("accuracy:1.0", "format:0.1"),
+        lr=5e-4, max_steps=100, save_steps=25, max_tokens_per_microbatch=4096,
+        num_threads=1, device="cpu", output_dir="runs/tiny",
         vllm_kv_cache_gib=0.25,  # with --engine vllm: its CPU KV cache (the default share would be of host RAM)
     ),
     # GPU: a reasoning model on competition math with 32k-token completions and vLLM rollouts
@@ -202,25 +193,15 @@ PRESETS = {
         answer_key="answer",
         prompt_template="{prompt}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
         chat_template=True,
-        engine="auto",
-        prompts_per_step=32,
-        group_size=8,
-        max_prompt_length=1024,
-        max_completion_length=32768,
-        rewards=("accuracy:1.0",),
-        overlong_buffer=4096,
-        loss_agg="token-mean",
-        eps_high=0.28,
-        max_tokens_per_microbatch=65536,
-        gradient_checkpointing=True,
-        lr=1e-6,
-        lr_warmup_steps=10,
-        max_grad_norm=1.0,
-        max_steps=500,
-        save_steps=25,
+        engine="auto", prompts_per_step=32, group_size=8, max_prompt_length=1024, max_completion_length=32768,
+        rewards=("accuracy:1.0",), overlong_buffer=4096,
+        loss_agg="token-mean", eps_high=0.28,
+        max_tokens_per_microbatch=65536, gradient_checkpointing=True,
+        lr=1e-6, lr_warmup_steps=10, max_grad_norm=1.0, max_steps=500, save_steps=25,
         output_dir="runs/math-32k",
     ),
 }
+# fmt: on
 
 
 def read_config_file(file: str) -> dict:

@@ -7,9 +7,10 @@ import importlib
 import os
 import sys
 
+from fastrl.rewards import WeightedReward, accuracy_reward, combine_rewards, format_reward
+
 from .checkpoint import prepare_output_dir
 from .config import TrainConfig
-from .rewards import WeightedReward, accuracy_reward, combine_rewards, format_reward
 from .validate import ConfigError, parse_reward_spec
 
 __all__ = ["build_reward", "preflight", "resolve_reward_spec"]

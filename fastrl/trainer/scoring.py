@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fastrl.rewards import batch_accuracy_reward, length_penalty, overlong_penalty
+
 from .advantages import group_advantages, zero_std_groups
 from .batching import Sample
-from .rewards import batch_accuracy_reward, length_penalty, overlong_penalty
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,12 @@ def to_samples(completions, adv: list[float], flat: torch.Tensor, config) -> lis
     """
     G = config.group_size
     drop = flat.repeat_interleave(G).tolist() if config.filter_zero_std else [False] * len(completions)
+    kept = [(c, a) for c, a, d in zip(completions, adv, drop) if not d]
     return [
         Sample(c.prompt_ids, c.completion_ids, a, not (config.mask_truncated and c.truncated),
-               rollout_logprobs=c.logprobs, token_mask=sampled_mask(c))  # fmt: skip
-        for c, a, d in zip(completions, adv, drop)
-        if not d
-    ]
+               rollout_logprobs=c.logprobs, token_mask=sampled_mask(c))
+        for c, a in kept
+    ]  # fmt: skip
 
 
 def sampled_mask(completion) -> list[float] | None:

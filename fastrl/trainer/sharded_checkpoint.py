@@ -15,12 +15,11 @@ half-written `step-N` (the same guarantee as the replicated `checkpoint.py`, sam
 """
 
 import os
-import shutil
 
 import torch
 
 from . import distributed as dist_utils
-from .checkpoint import PREFIX, _checkpoint_dir, _fsync_dir, _rng_state, _set_rng_state, list_checkpoints
+from .checkpoint import save_state, set_rng_state, write_staged
 from .fsdp import is_sharded
 
 __all__ = ["export_hf", "is_sharded_checkpoint", "load_sharded", "save_sharded"]
@@ -50,32 +49,13 @@ def save_sharded(output_dir: str, step: int, model, optimizer, scheduler, extra:
     """Write checkpoint `step` (every rank calls this). Returns its path."""
     import torch.distributed.checkpoint as dcp
 
-    root = _checkpoint_dir(output_dir)
-    final = os.path.join(root, f"{PREFIX}{step:08d}")
-    tmp = os.path.join(root, f".tmp-{PREFIX}{step:08d}")
-    if dist_utils.rank() == 0:
-        os.makedirs(root, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # leftover of a run killed while saving
-        os.makedirs(tmp)
-    dist_utils.barrier()
-    torch.save(_rng_state(), os.path.join(tmp, f"rng-rank{dist_utils.rank()}.pt"))
-    dcp.save(_tensor_state(model, optimizer, ref_model), storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
-    if dist_utils.rank() == 0:
-        state = {"step": step, "world_size": dist_utils.world_size(), "scheduler": scheduler.state_dict(), **extra}
-        with open(os.path.join(tmp, "state.pt"), "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-    dist_utils.barrier()
-    if dist_utils.rank() == 0:
-        _fsync_dir(tmp)
-        shutil.rmtree(final, ignore_errors=True)  # re-saving a step after a resume
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
-    dist_utils.barrier()
-    return final
+    def write(tmp: str) -> None:
+        dcp.save(_tensor_state(model, optimizer, ref_model), storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+        if dist_utils.rank() == 0:
+            save_state(tmp, {"step": step, "world_size": dist_utils.world_size(), "scheduler": scheduler.state_dict(),
+                             **extra})  # fmt: skip
+
+    return write_staged(output_dir, step, keep, write, manifest=False)
 
 
 def load_sharded(path: str, model, optimizer, scheduler, ref_model=None) -> dict:
@@ -98,7 +78,7 @@ def load_sharded(path: str, model, optimizer, scheduler, ref_model=None) -> dict
         set_model_state_dict(ref_model, tensors["ref_model"])
     scheduler.load_state_dict(state.pop("scheduler"))
     rng_file = os.path.join(path, f"rng-rank{dist_utils.rank()}.pt")
-    _set_rng_state(torch.load(rng_file, weights_only=False))
+    set_rng_state(torch.load(rng_file, weights_only=False))
     return state
 
 

@@ -19,7 +19,7 @@ from .checkpoint import save_checkpoint
 from .config import TrainConfig, config_to_dict
 from .rollout import RolloutEngine, build_prompt
 from .sharded_checkpoint import save_sharded
-from .update import sampler_options, sequence_logprobs, train_step
+from .update import sequence_logprobs, train_step
 
 
 def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, reward) -> tuple[list[Sample], dict]:
@@ -49,12 +49,7 @@ def attach_logprobs(run: Run, samples: list[Sample], config: TrainConfig) -> Non
     targets = [("old_logprobs", run.model)] if config.needs_old_logprobs else []
     targets += [("ref_logprobs", run.ref_model)] if run.ref_model is not None else []
     for field, model in targets:
-        budget, pad_id = config.max_tokens_per_microbatch, run.tokenizer.pad_token_id
-        logprobs = sequence_logprobs(
-            model, samples, budget, run.packed, pad_id, config.temperature, config.impl, config.bf16,
-            sampler_options(config.loss),
-        )  # fmt: skip
-        for s, lp in zip(samples, logprobs):
+        for s, lp in zip(samples, sequence_logprobs(model, samples, run.settings)):
             setattr(s, field, lp)
 
 
@@ -67,22 +62,10 @@ def minibatches(n: int, config: TrainConfig):
         yield from (order[i :: config.minibatches] for i in range(config.minibatches))
 
 
-def optimizer_step(run: Run, samples: list[Sample], config: TrainConfig) -> dict:
+def optimizer_step(run: Run, samples: list[Sample]) -> dict:
     """One update on this rank's share of a minibatch; advances the schedule and `run.step`."""
     run.model.train()
-    metrics = train_step(
-        run.model,
-        run.optimizer,
-        samples,
-        config.loss,
-        budget=config.max_tokens_per_microbatch,
-        packed=run.packed,
-        pad_id=run.tokenizer.pad_token_id,
-        max_grad_norm=config.max_grad_norm,
-        impl=config.impl,
-        bf16=config.bf16,
-        log_entropy=config.log_entropy,
-    )
+    metrics = train_step(run.model, run.optimizer, samples, run.settings)
     metrics["lr"] = run.scheduler.get_last_lr()[0]
     with warnings.catch_warnings():  # a step with nothing to train skips optimizer.step()
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")

@@ -59,7 +59,7 @@ def train(config: TrainConfig, rewards=None) -> dict:
         for chunk in minibatches(len(samples), config):
             if run.step >= config.max_steps:
                 continue  # later epochs still shuffle: the RNG state the checkpoint saves stays the same
-            update = optimizer_step(run, [samples[i] for i in chunk], config)
+            update = optimizer_step(run, [samples[i] for i in chunk])
             record = step_record(run.step, rollout, update, t_rollout, time.time() - t0)
             record["elapsed_s"] = run.elapsed_before + time.time() - t_run
             logger.log(record)

@@ -13,18 +13,56 @@ to `fastrl.grpo_loss`, which never builds the `[tokens, V]` logits (docs/math.md
 the same Parameter as the head's weight, so autograd sums both of its gradients.
 """
 
+import dataclasses
 import math
 from contextlib import nullcontext
 
 import torch
 
+from fastrl.hf import hidden_and_head, lm_body_and_head, tile_mlps
 from fastrl.kernels import token_logprobs
-from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss, hidden_and_head, lm_body_and_head
+from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss
 
 from . import distributed as dist_utils
 from .batching import Sample, collate, plan_microbatches, token_mask
 from .fsdp import filler_sample, is_sharded, run_sharded
-from .tiled_mlp import tile_mlps
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+    """How the update runs: everything `train_step` and `sequence_logprobs` take besides the model and the data."""
+
+    loss: LossConfig  # the policy loss; its temperature and sampler knobs also score `sequence_logprobs`
+    budget: int  # tokens per micro-batch (max_tokens_per_microbatch)
+    packed: bool  # padding-free packed micro-batches, else padded rows
+    pad_id: int  # the tokenizer's pad token
+    max_grad_norm: float = 1.0  # gradient clipping; <= 0: off (the norm is still measured)
+    impl: str = "auto"  # the fused loss's implementation: "auto", "triton" or "torch"
+    bf16: bool = True  # bf16 autocast of the body on CUDA
+    log_entropy: bool = True  # the entropy metric, from the loss's own pass over the vocabulary
+
+    def __post_init__(self):
+        if not isinstance(self.loss, LossConfig):
+            raise TypeError(f"loss must be a fastrl.LossConfig, got {type(self.loss).__name__}")
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
+            raise ValueError(f"budget must be a positive int (tokens per micro-batch), got {self.budget!r}")
+
+    @classmethod
+    def from_config(cls, config, packed: bool, pad_id: int) -> "StepSettings":
+        """The settings of a `TrainConfig` run (`packed` and `pad_id` are the built model's and tokenizer's)."""
+        return cls(config.loss, config.max_tokens_per_microbatch, packed, pad_id, config.max_grad_norm, config.impl,
+                   config.bf16, config.log_entropy)  # fmt: skip
+
+
+def _settings(settings, legacy: dict) -> StepSettings:
+    """`settings`, or the loose form `(loss_config, budget=..., packed=..., pad_id=..., ...)` as one."""
+    if isinstance(settings, LossConfig):
+        return StepSettings(settings, **legacy)
+    if legacy:
+        raise TypeError(f"pass the step's settings in the StepSettings, not as {sorted(legacy)}")
+    if not isinstance(settings, StepSettings):
+        raise TypeError(f"settings must be a StepSettings, got {type(settings).__name__}")
+    return settings
 
 
 def supports_packing(model) -> bool:
@@ -93,27 +131,31 @@ def _logprobs(model, mb: dict, bf16: bool, temperature: float, impl: str, sample
 
 
 @torch.no_grad()
-def sequence_logprobs(
-    model,
-    samples: list[Sample],
-    budget: int,
-    packed: bool,
-    pad_id: int,
-    temperature: float,
-    impl: str = "auto",
-    bf16: bool = True,
-    sampler: dict | None = None,
-) -> list[list[float]]:
-    """Log-probs of each sample's completion tokens under `model` (no grad, fused path, same budget)."""
+def sequence_logprobs(model, samples: list[Sample], settings: StepSettings, *legacy, **legacy_kw) -> list[list[float]]:
+    """Log-probs of each sample's completion tokens under `model` (no grad, fused path, same budget), at the
+    loss's temperature and sampler (docs/math.md §8).
+
+    The loose form `sequence_logprobs(model, samples, budget, packed, pad_id, temperature, impl="auto", bf16=True,
+    sampler=None)` is accepted too.
+    """
+    s = settings
+    if legacy or legacy_kw or not isinstance(s, StepSettings):
+        s = _loose(s, *legacy, **legacy_kw)
+    args = (s.bf16, s.loss.temperature, s.impl, sampler_options(s.loss))
     rows: list[list[float]] = []
-    for seqs in _plan(model, samples, budget, packed, filler_sample(pad_id, ref=False, rollout=False)):
-        logp = run_sharded(model, _logprobs, collate(seqs, packed, pad_id), bf16, temperature, impl, sampler).cpu()
-        rows += [logp[row, : len(s.completion_ids)].tolist() for row, s in enumerate(seqs)]
+    for seqs in _plan(model, samples, s.budget, s.packed, filler_sample(s.pad_id, ref=False, rollout=False)):
+        logp = run_sharded(model, _logprobs, collate(seqs, s.packed, s.pad_id), *args).cpu()
+        rows += [logp[row, : len(sample.completion_ids)].tolist() for row, sample in enumerate(seqs)]
     out: list[list[float]] = [[] for _ in samples]
-    order = [i for idx in plan_microbatches([len(s) for s in samples], budget, packed) for i in idx]
+    order = [i for idx in plan_microbatches([len(sample) for sample in samples], s.budget, s.packed) for i in idx]
     for i, lp in zip(order, rows):  # filler rows come last and are dropped
         out[i] = lp
     return out
+
+
+def _loose(budget, packed, pad_id, temperature, impl="auto", bf16=True, sampler=None) -> StepSettings:
+    loss = LossConfig(temperature=temperature, **(sampler or {}))
+    return StepSettings(loss, budget, packed, pad_id, impl=impl, bf16=bf16)
 
 
 def _global_normalizer(samples: list[Sample], loss_agg: str) -> float:
@@ -123,34 +165,22 @@ def _global_normalizer(samples: list[Sample], loss_agg: str) -> float:
     return dist_utils.all_reduce_sum(float(local))
 
 
-def train_step(
-    model,
-    optimizer,
-    samples: list[Sample],
-    loss_config: LossConfig,
-    *,
-    budget: int,
-    packed: bool,
-    pad_id: int,
-    max_grad_norm: float = 1.0,
-    impl: str = "auto",
-    bf16: bool = True,
-    log_entropy: bool = True,
-) -> dict:
+def train_step(model, optimizer, samples: list[Sample], settings: StepSettings, **legacy) -> dict:
     """One optimizer step on this rank's `samples` (a shard of the step's batch). Returns step metrics.
 
-    The caller steps the LR scheduler. Every rank must call this, even with no samples (the collectives
-    must match).
+    `settings` is a `StepSettings` (the loose form `train_step(model, optimizer, samples, loss_config, budget=...,
+    packed=..., pad_id=..., ...)` with its field names is accepted too). The caller steps the LR scheduler. Every
+    rank must call this, even with no samples (the collectives must match).
     """
+    s = _settings(settings, legacy)
     model.zero_grad(set_to_none=True)
     if not is_sharded(model):  # long micro-batches: the MLPs' activations a few thousand tokens at a time
         tile_mlps(model)
-    normalizer = _global_normalizer(samples, loss_config.loss_agg)
+    normalizer = _global_normalizer(samples, s.loss.loss_agg)
     sums = dict.fromkeys(("loss", "num_tokens") + METRIC_KEYS, 0.0)
-    filler = filler_sample(pad_id, ref=loss_config.beta > 0, rollout=loss_config.is_cap is not None)
-    for seqs in _plan(model, samples, budget, packed, filler):
-        mb = collate(seqs, packed, pad_id)
-        out = run_sharded(model, _microbatch_loss, mb, loss_config, normalizer, impl, bf16, log_entropy)
+    filler = filler_sample(s.pad_id, ref=s.loss.beta > 0, rollout=s.loss.is_cap is not None)
+    for seqs in _plan(model, samples, s.budget, s.packed, filler):
+        out = run_sharded(model, _microbatch_loss, collate(seqs, s.packed, s.pad_id), s, normalizer)
         out.loss.backward()
         n = float(out.metrics["num_tokens"])
         sums["loss"] += float(out.loss.detach())
@@ -161,7 +191,8 @@ def train_step(
     params = [p for p in model.parameters() if p.requires_grad]
     if not is_sharded(model):  # FSDP has reduce-scattered (summed) them already
         dist_utils.all_reduce_grads(params)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf))
+    clip = s.max_grad_norm if s.max_grad_norm > 0 else math.inf
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
     # nothing to learn from (every group filtered or masked), or a non-finite gradient: keep the weights
     skipped = not (normalizer > 0 and math.isfinite(grad_norm))
     if not skipped:
@@ -170,13 +201,13 @@ def train_step(
     return {**_finalize_metrics(sums, grad_norm), "update_skipped": float(skipped)}
 
 
-def _microbatch_loss(model, mb, loss_config: LossConfig, normalizer: float, impl: str, bf16: bool, log_entropy: bool):
-    """The fused loss of one micro-batch; its metrics carry the entropy (same pass) when `log_entropy`."""
-    hidden = completion_hidden(model, mb, bf16)
+def _microbatch_loss(model, mb, s: StepSettings, normalizer: float):
+    """The fused loss of one micro-batch; its metrics carry the entropy (same pass) when `s.log_entropy`."""
+    hidden = completion_hidden(model, mb, s.bf16)
     weight, bias = head_params(model, hidden.dtype)
     dev = hidden.device
     opt = {k: None if mb[k] is None else mb[k].to(dev) for k in ("old_logprobs", "ref_logprobs", "rollout_logprobs")}
-    if loss_config.is_cap is None:
+    if s.loss.is_cap is None:
         opt["rollout_logprobs"] = None
     # the entropy rides on the loss's own pass over the vocabulary (elementwise work on each tile); a
     # separate no-grad pass would cost one more [tokens, D] x [D, V] GEMM, a third of the head's work
@@ -187,10 +218,10 @@ def _microbatch_loss(model, mb, loss_config: LossConfig, normalizer: float, impl
         mb["mask"].to(dev),
         mb["advantages"].to(dev),
         bias=bias,
-        config=loss_config,
+        config=s.loss,
         normalizer=normalizer,
-        impl=impl,
-        return_entropy=log_entropy,
+        impl=s.impl,
+        return_entropy=s.log_entropy,
         **opt,
     )
 

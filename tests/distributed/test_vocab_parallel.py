@@ -3,7 +3,8 @@
 Each rank holds `W.tensor_split(P)[rank]` (V = 1001 does not divide by 2 or 4) and the full hidden states
 and targets; logp, entropy, the GRPO loss and every gradient (d_hidden on every rank, each rank's rows
 of d_weight and d_bias) are compared in float32 with bias, temperature and ignored tokens, for both
-implementations. The spawned ranks write their results; the comparison runs in the test process.
+implementations; a soft-cap with a per-token temperature (token_logprobs) and a soft-capped config (grpo_loss)
+as well. The spawned ranks write their results; the comparison runs in the test process.
 """
 
 import os
@@ -24,6 +25,13 @@ CASES = (
     ("N33-D16-V1001-t1", 33, 16, 1001, False, 1.0, False),
     ("N9-D8-V3-bias-ent", 9, 8, 3, True, 1.3, True),  # V < 4: a rank of 4 owns no rows
 )
+CAP = 2.0  # soft-cap of the capped runs: logits of a few units, so the cap bends them
+CAP_CASE = CASES[0]
+
+
+def cap_tau(case):
+    """The capped call's per-token temperature (the same on every rank)."""
+    return torch.rand(case[1], generator=torch.Generator().manual_seed(7)) + 0.5
 
 
 def inputs(case):
@@ -39,14 +47,24 @@ def inputs(case):
     return hidden, weight, bias, targets, grad_logp, grad_entropy
 
 
-def run_logprobs(case, impl, hidden, weight, bias, targets, grad_logp, grad_entropy, group=None):
-    """(logp, entropy, d_hidden, d_weight, d_bias) of one call; weight/bias may be this rank's rows."""
+def run_logprobs(case, impl, hidden, weight, bias, targets, grad_logp, grad_entropy, group=None, softcap=None):
+    """(logp, entropy, d_hidden, d_weight, d_bias) of one call; weight/bias may be this rank's rows. With a
+    softcap, the per-token temperature of `cap_tau`."""
     _, _, _, _, _, temperature, entropy = case
+    temperature = temperature if softcap is None else cap_tau(case)
     h = hidden.clone().requires_grad_()
     w = weight.clone().requires_grad_()
     b = None if bias is None else bias.clone().requires_grad_()
     out = token_logprobs(
-        h, w, targets, bias=b, temperature=temperature, return_entropy=entropy, impl=impl, process_group=group
+        h,
+        w,
+        targets,
+        bias=b,
+        temperature=temperature,
+        return_entropy=entropy,
+        impl=impl,
+        process_group=group,
+        softcap=softcap,
     )
     logp, ent = out if entropy else (out, None)
     total = (logp * grad_logp).sum() + (0 if ent is None else (ent * grad_entropy).sum())
@@ -54,7 +72,7 @@ def run_logprobs(case, impl, hidden, weight, bias, targets, grad_logp, grad_entr
     return logp.detach(), None if ent is None else ent.detach(), h.grad, w.grad, None if b is None else b.grad
 
 
-def run_loss(impl, hidden, weight, bias, targets, group=None):
+def run_loss(impl, hidden, weight, bias, targets, group=None, softcap=None):
     """(loss, d_hidden, d_weight, d_bias) of grpo_loss with an entropy bonus on a [3, T] view of the tokens."""
     n = hidden.shape[0] // 3 * 3
     h = hidden[:n].clone().view(3, n // 3, -1).requires_grad_()
@@ -63,7 +81,7 @@ def run_loss(impl, hidden, weight, bias, targets, group=None):
     t = targets[:n].view(3, n // 3)
     mask = t != -100
     adv = torch.tensor([1.0, -0.5, 0.25])
-    config = LossConfig(entropy_coef=0.01, temperature=0.9)
+    config = LossConfig(entropy_coef=0.01, temperature=0.9, softcap=softcap)
     out = grpo_loss(h, w, t, mask, adv, bias=b, config=config, impl=impl, process_group=group)
     out.loss.backward()
     return out.loss.detach(), h.grad, w.grad, None if b is None else b.grad
@@ -81,6 +99,12 @@ def _worker(rank, world, out_dir):
                 case, impl, hidden, w_rows, b_rows, targets, gl, ge, group
             )
             results[impl, case[0], "loss"] = run_loss(impl, hidden, w_rows, b_rows, targets, group)
+        hidden, weight, bias, targets, gl, ge = inputs(CAP_CASE)
+        w_rows, b_rows = weight.tensor_split(world)[rank], bias.tensor_split(world)[rank]
+        results[impl, "cap", "logprobs"] = run_logprobs(
+            CAP_CASE, impl, hidden, w_rows, b_rows, targets, gl, ge, group, softcap=CAP
+        )
+        results[impl, "cap", "loss"] = run_loss(impl, hidden, w_rows, b_rows, targets, group, softcap=CAP)
     # a DTensor sharded on dim 0 (torch.chunk sizes, not tensor_split's) is accepted as well
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -122,17 +146,17 @@ def test_vocab_parallel_equals_unsharded(world, tmp_path):
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         for impl in IMPLS:
-            for case in CASES:
+            for case, key, cap in [(c, c[0], None) for c in CASES] + [(CAP_CASE, "cap", CAP)]:
                 hidden, weight, bias, targets, gl, ge = inputs(case)
-                want = run_logprobs(case, impl, hidden, weight, bias, targets, gl, ge)
-                have = got[impl, case[0], "logprobs"]
-                tag = f"P{world} rank {rank} {impl} {case[0]}"
+                want = run_logprobs(case, impl, hidden, weight, bias, targets, gl, ge, softcap=cap)
+                have = got[impl, key, "logprobs"]
+                tag = f"P{world} rank {rank} {impl} {key}"
                 for name, a, b in zip(("logp", "entropy", "d_hidden"), have[:3], want[:3]):
                     _close(a, b, f"{tag} {name}")
                 _close(have[3], want[3].tensor_split(world)[rank], f"{tag} d_weight rows")
                 _close(have[4], None if want[4] is None else want[4].tensor_split(world)[rank], f"{tag} d_bias rows")
-                loss, d_h, d_w, d_b = got[impl, case[0], "loss"]
-                w_loss, w_h, w_w, w_b = run_loss(impl, hidden, weight, bias, targets)
+                loss, d_h, d_w, d_b = got[impl, key, "loss"]
+                w_loss, w_h, w_w, w_b = run_loss(impl, hidden, weight, bias, targets, softcap=cap)
                 _close(loss, w_loss, f"{tag} loss")
                 _close(d_h, w_h, f"{tag} loss d_hidden")
                 _close(d_w, w_w.tensor_split(world)[rank], f"{tag} loss d_weight rows")

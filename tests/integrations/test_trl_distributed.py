@@ -7,6 +7,7 @@ completion tokens. After training, each trainer's parameters are identical on bo
 trainer computed (the old / reference passes and the training forwards).
 """
 
+import contextlib
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import torch
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = HERE / "trl_dist_worker.py"
 FP32_TOL = 1e-5
+V = 64  # the harness model's vocabulary
 TIMEOUT_S = 900
 
 
@@ -139,28 +141,40 @@ def test_fsdp2_two_ranks_match_stock(tmp_path, layout):
 
 
 @pytest.mark.slow
-def test_zero3_two_ranks_match_stock(tmp_path):
-    """DeepSpeed ZeRO-3 on the CPU accelerator (DS_ACCELERATOR=cpu, gloo), every parameter partitioned. Outside the
-    forward the head's local tensor is empty (numel 0); both ranks make the same gather calls, call by call."""
-    spec = {"engine": "zero3", "overrides": {"learning_rate": 0.5, "loss_type": "dapo", "steps_per_generation": 4}}
+def test_zero3_two_ranks_match_stock(tmp_path, saved_model):
+    """DeepSpeed ZeRO-3 on the CPU accelerator (DS_ACCELERATOR=cpu, gloo), every parameter partitioned (numel 0
+    outside the forward), with a reference model (beta > 0) that TRL loads from the policy's path under
+    `deepspeed.zero.Init`. Inside the reference engine's no-grad forwards fastrl reads that head partitioned and
+    gathers it once per forward (TRL scores in chunks of rows), the same on both ranks; the policy's head DeepSpeed
+    has gathered when fastrl reads it inside the engine's forward, and fastrl gathers nothing there."""
+    overrides = {"learning_rate": 0.5, "loss_type": "dapo", "steps_per_generation": 4, "beta": 0.1}
+    spec = {"engine": "zero3", "model_path": saved_model, "overrides": overrides}
     results = launch(tmp_path, spec)
     compare(results, _base(spec))
     for kind, ranks in results.items():
         assert all(name == "Parameter" and numel == 0 for name, numel in ranks[0]["head"] + ranks[1]["head"]), kind
-        assert ranks[0]["gathers_per_call"] == ranks[1]["gathers_per_call"], kind
+    ours = results["fastrl"]
+    for r in ours:
+        reads, gathers = r["reads_per_call"], [g for g, _ in r["gathers_per_call"]]
+        assert any(0 in call for call in reads) and any(V * 32 in call for call in reads), reads
+        # fastrl gathers exactly the reads it found partitioned (numel 0), one per forward
+        assert gathers == [call.count(0) for call in reads], (reads, gathers)
+    assert sum(g for g, _ in ours[0]["gathers_per_call"]) > 0
+    assert ours[0]["gathers_per_call"] == ours[1]["gathers_per_call"], [r["gathers_per_call"] for r in ours]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tokens", [pytest.param([48, 0], id="48-vs-0-tokens"), pytest.param([48, 3], id="48-vs-3")])
-def test_zero3_head_gathers_the_same_on_every_rank(tmp_path, tokens):
-    """The ZeRO-3 head on its own, through the engine's forward (the first call: no prefetch, the head is
-    partitioned, numel 0, when fastrl reads it): logp, entropy and DeepSpeed's averaged d_weight equal the
-    unsharded model's; very unequal token counts (0 included) finish, with the same gathers on both ranks."""
+def test_zero3_head_through_the_engine_forward(tmp_path):
+    """fastrl's head on its own in a ZeRO-3 engine's training forward, as TRL calls it: rank 0 scores 48 completion
+    tokens, rank 1 none. The head is empty outside the call (numel 0); reading it inside the engine's forward makes
+    DeepSpeed gather it (fastrl reads it whole and gathers nothing), and logp, entropy and DeepSpeed's averaged
+    d_weight equal the unsharded model's."""
     import trl_dist_worker as worker
     import trl_harness as h
 
     from fastrl.integrations.trl import add_fastrl_lm_head
 
+    tokens = [48, 0]
     spec = {"engine": "zero3-head", "tokens": tokens}
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
@@ -171,8 +185,7 @@ def test_zero3_head_gathers_the_same_on_every_rank(tmp_path, tokens):
     proc = subprocess.run([*cmd, str(spec_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
     ranks = [torch.load(tmp_path / f"zero3-head-rank{r}.pt") for r in (0, 1)]
-    assert [r["outside_numel"] for r in ranks] == [0, 0]
-    assert ranks[0]["gathers"] == ranks[1]["gathers"], [r["gathers"] for r in ranks]
+    assert [(r["outside_numel"], r["reads"], r["gathers"]) for r in ranks] == [(0, [V * 32], 0)] * 2, ranks
     model = add_fastrl_lm_head(h.model(), temperature=0.7)
     d_weight = torch.zeros_like(model.lm_head.weight)
     for rank, r in enumerate(ranks):
@@ -185,3 +198,29 @@ def test_zero3_head_gathers_the_same_on_every_rank(tmp_path, tokens):
         model.zero_grad()
     for r in ranks:
         torch.testing.assert_close(r["d_weight"], d_weight, rtol=FP32_TOL, atol=FP32_TOL)
+
+
+class _Partitioned:
+    """What `zero3_partitioned` sees of a ZeRO-3 parameter that is not gathered."""
+
+    ds_id, ds_shape = 7, (V, 32)
+
+    def __init__(self):
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        self.ds_status = ZeroParamStatus.NOT_AVAILABLE
+
+
+def test_zero3_partitioned_head_gathered_without_grad_refused_with(monkeypatch):
+    """A head still partitioned at fastrl's read is gathered around a no-grad call and refused, by shape, when the
+    call records gradients (its d_weight would reach a partitioned parameter)."""
+    from fastrl.integrations.trl import gather
+
+    entered = []
+    monkeypatch.setattr(gather, "gathered", lambda params: entered.append(params) or contextlib.nullcontext())
+    param = _Partitioned()
+    with torch.no_grad():
+        assert gather.zero3_scored(lambda h: h + 1, torch.zeros(2), [param]).tolist() == [1.0, 1.0]
+    assert entered == [[param]]
+    with pytest.raises(RuntimeError, match=r"\(64, 32\)"):
+        gather.zero3_scored(lambda h: h + 1, torch.zeros(2), [param])

@@ -11,8 +11,8 @@ import torch
 import trl_harness as h
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fastrl.hf import ATTENTION_OPS, keep_attention_outputs
 from fastrl.integrations.trl import FastRLGRPOTrainer
-from fastrl.trainer.build import _ATTENTION_OPS, keep_attention_outputs
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ class _CountAttention(TorchDispatchMode):
         self.calls = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += func in _ATTENTION_OPS
+        self.calls += func in ATTENTION_OPS
         return func(*args, **(kwargs or {}))
 
 

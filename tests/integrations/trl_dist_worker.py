@@ -5,8 +5,8 @@ The spec names the engine ("ddp", "fsdp2" or "zero3"; accelerate's MULTI_CPU wit
 after the other from the same seed ("stock" = `trl.GRPOTrainer`, "fastrl" = `FastRLGRPOTrainer`), the
 `GRPOConfig` overrides and the model (tied head or not). Each rank writes `<out>/<trainer>-rank<r>.pt`: the
 trained parameters (full tensors), the log history, every log-prob tensor the trainer computed (generation's old /
-reference passes and the training forwards, in call order) with the completion-token count of each call, and how
-many times the LM head was gathered per scoring call.
+reference passes and the training forwards, in call order) with the completion-token count of each call, how
+many times the LM head was gathered per scoring call and, under ZeRO-3, the head's numel at each of fastrl's reads.
 """
 
 import json
@@ -106,7 +106,20 @@ def count_head_gathers(record: dict) -> None:
         pass
 
 
-def run(kind: str, spec: dict, rank: int) -> None:
+def count_head_reads(record: dict) -> None:
+    """Record the numel of the ZeRO-3 head's weight where fastrl reads it (0: partitioned), per read."""
+    import fastrl.integrations.trl.head as head
+
+    scored = head.zero3_scored
+
+    def counted(score, hidden, params):
+        record["reads"].append(params[0].numel() if params else -1)
+        return scored(score, hidden, params)
+
+    head.zero3_scored = counted
+
+
+def run(kind: str, spec: dict, rank: int, base) -> None:
     from trl import GRPOTrainer
 
     from fastrl.integrations.trl import FastRLGRPOTrainer
@@ -114,14 +127,16 @@ def run(kind: str, spec: dict, rank: int) -> None:
     engine = engine_fields(spec["engine"], spec.get("head_unit", False))
     fields = dict(optim="sgd", **engine, **spec.get("overrides", {}))
     args = h.config(os.path.join(spec["out"], kind), **fields)
-    base = spec.get("model_path") or h.model(tie=spec.get("tie", False))
-    record = {"vocab": 64, "gathers": 0, "logps": [], "tokens": [], "gathers_per_call": [], "head": []}
+    record = {"vocab": 64, "gathers": 0, "logps": [], "tokens": [], "gathers_per_call": [], "head": [], "reads": [],
+              "reads_per_call": []}  # fmt: skip
     count_head_gathers(record)
+    count_head_reads(record)
     cls = FastRLGRPOTrainer if kind == "fastrl" else GRPOTrainer
     logs, params = h.run(cls, args, base, wrap=lambda t: _record(t, record), params=full_params)
     torch.save(
         {"params": params, "logs": logs, "logps": record["logps"], "tokens": record["tokens"],
-         "gathers_per_call": record["gathers_per_call"], "head": record["head"]},
+         "gathers_per_call": record["gathers_per_call"], "head": record["head"],
+         "reads_per_call": record["reads_per_call"]},
         os.path.join(spec["out"], f"{kind}-rank{rank}.pt"),
     )  # fmt: skip
 
@@ -135,11 +150,12 @@ def _record(trainer, record):
             weight = trainer.accelerator.unwrap_model(model).get_output_embeddings().weight
             local = weight.to_local() if hasattr(weight, "to_local") else weight
             record["head"].append((type(weight).__name__, local.numel()))  # what the head holds outside the call
-            before = record["gathers"]
+            before, reads = record["gathers"], len(record["reads"])
             out = score(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
             rows = input_ids.shape[0]
             chunk = ((args[0] if args else kwargs.get("batch_size")) if chunked else None) or rows  # TRL's batch_size
             record["gathers_per_call"].append((record["gathers"] - before, -(-rows // chunk)))  # (gathers, forwards)
+            record["reads_per_call"].append(record["reads"][reads:])  # fastrl's head reads in this call
             record["logps"].append(out[0].detach().clone())
             record["tokens"].append(int(attention_mask[:, -logits_to_keep:].sum()))
             return out
@@ -163,12 +179,13 @@ def zero3_head(spec: dict, rank: int) -> None:
     from fastrl.integrations.trl import add_fastrl_lm_head
 
     deepspeed.init_distributed(dist_backend="gloo")
-    record = {"vocab": 64, "gathers": 0}
+    record = {"vocab": 64, "gathers": 0, "reads": []}
+    config = {**ZERO3, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 4}
     model = h.model()
     add_fastrl_lm_head(model, temperature=0.7)
-    config = {**ZERO3, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 4}
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=config)
     count_head_gathers(record)
+    count_head_reads(record)
     weight = engine.module.lm_head.weight
     outside = weight.numel()
     ids, labels = zero3_batch(rank, spec["tokens"][rank])
@@ -176,7 +193,7 @@ def zero3_head(spec: dict, rank: int) -> None:
     engine.backward(out.log_probs.sum() + 0.1 * out.entropy.sum())
     torch.save(
         {"logp": out.log_probs.detach(), "entropy": out.entropy.detach(), "d_weight": safe_get_full_grad(weight),
-         "gathers": record["gathers"], "outside_numel": outside},
+         "gathers": record["gathers"], "outside_numel": outside, "reads": record["reads"]},
         os.path.join(spec["out"], f"zero3-head-rank{rank}.pt"),
     )  # fmt: skip
 
@@ -201,8 +218,18 @@ def main(spec_path: str) -> None:
         return zero3_head(spec, rank)
     if spec["engine"] == "fsdp2":
         allow_fsdp_on_cpu()
+    base = spec.get("model_path") or h.model(tie=spec.get("tie", False))
+    if spec["engine"] == "zero3" and spec.get("model_path"):
+        import deepspeed
+
+        # TRL loads the reference model from the policy's path under `deepspeed.zero.Init` (transformers does so
+        # whenever a ZeRO-3 config is alive), which needs DeepSpeed's process group (accelerate starts it on GPUs,
+        # not under MULTI_CPU). The policy is loaded here, before any config: a policy TRL itself loads under
+        # zero.Init fails stock TRL's backward on this CPU setup (a [*, 32] parameter seen with 0 columns).
+        deepspeed.init_distributed(dist_backend="gloo")
+        base = h.load(spec["model_path"])
     for kind in spec["trainers"]:
-        run(kind, spec, rank)
+        run(kind, spec, rank, base)
 
 
 if __name__ == "__main__":

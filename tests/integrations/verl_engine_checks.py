@@ -1,6 +1,6 @@
 """fastrl's fused backend inside verl's real FSDP2 engine on 2 gloo ranks; runs in verl's environment:
 
-    PYTHONPATH=<repo> <verl python> tests/integrations/verl_engine_checks.py OUT_DIR [planted | full_tensor]
+    PYTHONPATH=<repo> <verl python> tests/integrations/verl_engine_checks.py OUT_DIR
 
 verl's `FSDPEngineWithLMHead` (strategy fsdp2, fp32, remove-padding, 2 micro-batches per rank, so
 gradient accumulation with FSDP2's deferred gradient sync) is built three times from the same random
@@ -17,10 +17,12 @@ compares "fastrl" to "verl" at fp32 rel 1e-5 and exits non-zero at the first mis
 The engine asks verl's platform layer for the device; this file registers a CPU platform through verl's
 own plugin API (`PlatformRegistry` / `set_platform`), the way an out-of-tree accelerator is added.
 
-`planted` replaces fastrl's head call by a bare read of the head's weight (the bug this guards against),
-`full_tensor` by a read all-gathered by hand outside FSDP's hooks: the untied cases must then fail.
+Two planted mutants of fastrl run on the untied head in the same launch, and each must be caught (raise or
+differ): "planted" replaces fastrl's head call by a bare read of the head's weight (the bug this guards against),
+"full_tensor" by a read all-gathered by hand outside FSDP's hooks.
 """
 
+import contextlib
 import datetime
 import os
 import sys
@@ -204,30 +206,50 @@ def run_variant(path, variant, seed, sp=1, attn="sdpa", fused_forward=None):
         dense.forward_with_torch_backend = fv.forward_with_fastrl_backend
 
 
-def worker(rank, world, init_file, paths, out_dir, planted):
-    set_platform(CpuPlatform())
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=120),
-    )  # fmt: skip
-    torch.set_num_threads(1)
+MUTANTS = ("planted", "full_tensor")
+
+
+@contextlib.contextmanager
+def mutant(kind):
+    """fastrl's verl backend with a planted bug: "planted" reads the head's weight without calling the head's
+    FSDP unit; "full_tensor" also all-gathers it by hand, outside FSDP's hooks; None: unchanged."""
     import fastrl.integrations.verl as fv
 
-    if planted:  # the head's weight read without calling the head's FSDP unit
+    head_unit, body_and_head = fv._head_unit, fv.lm_body_and_head
+    if kind is not None:
         fv._head_unit = lambda model: None
-    if planted == "full_tensor":  # ... and all-gathered by hand, outside FSDP's hooks
-        body_and_head = fv.lm_body_and_head
+    if kind == "full_tensor":
 
         def gathered(model):
             body, weight, bias = body_and_head(model)
             return body, weight.full_tensor() if hasattr(weight, "full_tensor") else weight, bias
 
         fv.lm_body_and_head = gathered
+    try:
+        yield
+    finally:
+        fv._head_unit, fv.lm_body_and_head = head_unit, body_and_head
+
+
+def init_rank(rank, world, init_file):
+    """This process as rank `rank` of a gloo group (every wait times out after 120 s) on the CPU platform."""
+    set_platform(CpuPlatform())
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+
+
+def worker(rank, world, init_file, paths, out_dir):
+    init_rank(rank, world, init_file)
     for tied, path in paths.items():
-        for variant in ("verl", "fastrl", "verl-fused"):
+        # the mutants only on the untied head (its own FSDP unit); a tied head is read in the root unit
+        for variant in ("verl", "fastrl", "verl-fused", *(() if tied else MUTANTS)):
             name = f"{'tied' if tied else 'untied'}-{variant}"
             try:
-                result = run_variant(path, variant, rank)  # each rank its own data
+                with mutant(variant if variant in MUTANTS else None):
+                    result = run_variant(path, "fastrl" if variant in MUTANTS else variant, rank)  # own data
             except Exception as e:  # the reference raises; the fused paths' failures are recorded
                 if variant == "verl":
                     raise
@@ -273,14 +295,25 @@ def compare(out_dir):
             else:
                 d = max(rel_diff(own[k], ref[k]) for k in ("logp", "entropy", "loss"))
                 print(f"verl's own fused torch backend, {kind} rank {rank}: ran, max rel diff {d:.1e}")
+            for name in MUTANTS if kind == "untied" else ():
+                bad = torch.load(os.path.join(out_dir, f"{kind}-{name}-rank{rank}.pt"), weights_only=False)
+                if "error" in bad:
+                    print(f"caught mutant {name} {kind} rank {rank}: raised {bad['error'][:200]}")
+                    continue
+                d = max(rel_diff(bad[k], ref[k]) for k in ("old_logp", "logp", "entropy", "loss"))
+                d = max(d, max(rel_diff(bad["grads"][n], g) for n, g in ref["grads"].items()))
+                if d > 1e-5:
+                    print(f"caught mutant {name} {kind} rank {rank}: max rel diff {d:.1e}")
+                else:
+                    failures.append(f"mutant {name} {kind} rank {rank} not caught: max rel diff {d:.1e}")
     return failures
 
 
-def main(out_dir, planted=None):
+def main(out_dir):
     with tempfile.TemporaryDirectory() as tmp:
         paths = save_models(tmp)
         init_file = os.path.join(tmp, "rdv")
-        mp.spawn(worker, args=(2, init_file, paths, out_dir, planted), nprocs=2, join=True)
+        mp.spawn(worker, args=(2, init_file, paths, out_dir), nprocs=2, join=True)
     failures = compare(out_dir)
     if failures:
         print("\n".join(failures))
@@ -288,4 +321,4 @@ def main(out_dir, planted=None):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *sys.argv[2:])
+    main(sys.argv[1])

@@ -1,6 +1,6 @@
 """fastrl's fused backend under verl's Ulysses sequence parallelism, 2 gloo ranks; runs in verl's environment:
 
-    PYTHONPATH=<repo> <verl python> tests/integrations/verl_ulysses_checks.py OUT_DIR [planted]
+    PYTHONPATH=<repo> <verl python> tests/integrations/verl_ulysses_checks.py OUT_DIR
 
 verl's FSDP2 engine with `ulysses_sequence_parallel_size=2` (dp 1: both ranks hold the same batch, each
 half of every packed micro-batch): verl's engine slices the remove-padding inputs and the globally rolled
@@ -19,11 +19,10 @@ flash-attention integration (which verl's `apply_monkey_patch` wraps with its al
 wrapper a varlen causal attention (PyTorch SDPA per packed sequence) in place of the CUDA kernel. Every
 other step is verl's code.
 
-`planted` makes fastrl's forward roll the labels of its local shard instead of taking `shift_labels`
-verbatim: one label per shard boundary is then wrong, and the comparison must fail.
+- "planted": a planted mutant of "fastrl" whose forward rolls the labels of its local shard instead of taking
+            `shift_labels` verbatim: one label per shard boundary is then wrong, and it must differ from "verl".
 """
 
-import datetime
 import os
 import sys
 import tempfile
@@ -32,8 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from verl.plugin.platform import set_platform
-from verl_engine_checks import CpuPlatform, rel_diff, run_variant, save_models
+from verl_engine_checks import init_rank, rel_diff, run_variant, save_models
 
 
 def varlen_causal_attention(q, k, v, attention_mask, query_length, *args, position_ids=None, **kwargs):
@@ -69,18 +67,14 @@ def rolled_per_shard(self, *args, shift_labels=None, **kwargs):
     return fv.forward_with_fastrl_backend(self, *args, **kwargs)
 
 
-def worker(rank, world, init_file, path, out_dir, planted):
-    set_platform(CpuPlatform())
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=120),
-    )  # fmt: skip
-    torch.set_num_threads(1)
+def worker(rank, world, init_file, path, out_dir):
+    init_rank(rank, world, init_file)
     register_cpu_attention()
     cases = {
         "verl": dict(variant="verl", sp=2, attn="cpu_varlen"),
-        "fastrl": dict(variant="fastrl", sp=2, attn="cpu_varlen", fused_forward=rolled_per_shard if planted else None),
+        "fastrl": dict(variant="fastrl", sp=2, attn="cpu_varlen"),
         "sp1": dict(variant="verl", sp=1, attn="sdpa"),
+        "planted": dict(variant="fastrl", sp=2, attn="cpu_varlen", fused_forward=rolled_per_shard),
     }
     for name, case in cases.items():
         result = run_variant(path, seed=0, **case)  # the same batch on both ranks (one Ulysses group)
@@ -91,17 +85,25 @@ def worker(rank, world, init_file, path, out_dir, planted):
     os._exit(0)
 
 
+def diffs_to(got, ref) -> dict:
+    """The max relative differences of `got`'s outputs, loss and gradients to `ref`'s."""
+    diffs = {k: rel_diff(got[k], ref[k]) for k in ("old_logp", "old_entropy", "logp", "entropy", "loss")}
+    diffs["grads"] = max(rel_diff(got["grads"][n], g) for n, g in ref["grads"].items())
+    return diffs
+
+
 def compare(out_dir):
     failures = []
     for rank in range(2):
-        ref, got, sp1 = (torch.load(os.path.join(out_dir, f"{n}-rank{rank}.pt")) for n in ("verl", "fastrl", "sp1"))
+        ref, got, sp1, planted = (
+            torch.load(os.path.join(out_dir, f"{n}-rank{rank}.pt")) for n in ("verl", "fastrl", "sp1", "planted")
+        )
         assert got["head_is_unit"], "verl did not wrap the untied head as its own unit"
         exact = max(rel_diff(ref[k], sp1[k]) for k in ("old_logp", "old_entropy"))
         print(f"ulysses sp=2 vs sp=1 (verl's logits path), rank {rank}: max rel log-prob/entropy {exact:.1e}")
         if exact > 1e-5:
             failures.append(f"rank {rank}: verl's Ulysses forward differs from sp=1 by {exact:.1e}")
-        diffs = {k: rel_diff(got[k], ref[k]) for k in ("old_logp", "old_entropy", "logp", "entropy", "loss")}
-        diffs["grads"] = max(rel_diff(got["grads"][n], g) for n, g in ref["grads"].items())
+        diffs = diffs_to(got, ref)
         # every call: the local shard's labels (1, total_nnz / 2) give outputs of their shape
         assert all(s[0][0] == 1 and s[0] == s[1] == s[2] for s in got["seen"]), got["seen"]
         verdict = "ok" if max(diffs.values()) <= 1e-5 else "MISMATCH"
@@ -109,14 +111,19 @@ def compare(out_dir):
         print(f"{verdict} untied rank {rank} ulysses sp=2 fastrl vs verl logits path: max rel {line}")
         if verdict != "ok":
             failures.append(f"rank {rank}: {line}")
+        mutant = max(diffs_to(planted, ref).values())
+        if mutant > 1e-5:
+            print(f"caught mutant planted untied rank {rank}: max rel diff {mutant:.1e}")
+        else:
+            failures.append(f"rank {rank}: the planted mutant (labels rolled per shard) not caught: {mutant:.1e}")
     return failures
 
 
-def main(out_dir, planted=None):
+def main(out_dir):
     with tempfile.TemporaryDirectory() as tmp:
         path = save_models(tmp)[False]
         init_file = os.path.join(tmp, "rdv")
-        mp.spawn(worker, args=(2, init_file, path, out_dir, bool(planted)), nprocs=2, join=True)
+        mp.spawn(worker, args=(2, init_file, path, out_dir), nprocs=2, join=True)
     failures = compare(out_dir)
     if failures:
         print("\n".join(failures))
@@ -124,4 +131,4 @@ def main(out_dir, planted=None):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main(sys.argv[1])

@@ -147,7 +147,7 @@ def test_device_mismatch_is_reported():
         (dict(beta=-1), "beta must be >= 0, got -1"),
         (dict(beta="0.1"), "beta must be a float"),
         (dict(kl="low_var_kl"), "'low_var_kl'"),
-        (dict(temperature=0.0), "temperature must be > 0, got 0.0"),
+        (dict(temperature=0.0), r"temperature must be a finite number >= 1e-06 \(MIN_TEMPERATURE.*got 0.0"),
         (dict(ratio_level="seq"), "'seq'"),
         (dict(loss_agg="dr_grpo"), "loss_agg='dr_grpo'.*max_completion_length"),
         (dict(max_completion_length=0), "max_completion_length must be None or a positive int, got 0"),

@@ -264,8 +264,8 @@ def test_many_small_chunks_equal_one_chunk(monkeypatch):
 @pytest.mark.parametrize(
     "tau, match",
     [
-        (torch.zeros(3, 7), "finite and > 0"),
-        (torch.full((3, 7), float("nan")), "finite and > 0"),
+        (torch.zeros(3, 7), "finite and >= 1e-06"),
+        (torch.full((3, 7), float("nan")), "finite and >= 1e-06"),
         (torch.ones(3, 6), r"shape \(3, 7\)"),
         (torch.ones(3, 7, dtype=torch.int64), "floating"),
         (0.7, "None .* or a \\[B, T\\] tensor"),
@@ -293,8 +293,11 @@ def test_token_logprobs_per_token_temperature_matches_float64(impl):
     torch.testing.assert_close(ent.double(), ent64, rtol=1e-5, atol=1e-6)
     for got, want in zip(torch.autograd.grad((lp * up.float()).sum() + (ent * up.float()).sum(), (h, w)), grads64):
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6)
-    with pytest.raises(ValueError, match="without a bias"):
-        token_logprobs(h, w, live, bias=torch.zeros(37), temperature=tau.float(), impl=impl)
+    # with a bias too: z = (h·W + b) / τ_t, one rule on every path (it used to be refused here)
+    b64 = x["bias"].clone()
+    lp64_b, _ = oracle_logprobs(x["hidden"], x["weight"], live, b64, tau.unsqueeze(-1), True)
+    lp_b = token_logprobs(h, w, live, bias=b64.float(), temperature=tau.float(), impl=impl)
+    torch.testing.assert_close(lp_b.double(), lp64_b, rtol=1e-5, atol=1e-6)
 
 
 def test_sequence_ratio_takes_a_per_token_temperature_through_the_two_pass_path(fused_calls):

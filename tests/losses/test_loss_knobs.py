@@ -10,7 +10,7 @@ from test_policy_loss import full_config, make_batch
 from fastrl import LossConfig, policy_loss
 from fastrl.kernels import PolicyLossParams
 from fastrl.losses import METRIC_KEYS
-from fastrl.losses.policy import _kernel_params
+from fastrl.losses.policy import kernel_params
 
 # A value other than the default for every LossConfig field the kernel takes.
 NON_DEFAULT = dict(
@@ -30,25 +30,25 @@ def test_every_kernel_field_but_pg_is_a_loss_config_field():
     "pg_loss, pg", [("clip", "clip"), ("sapo", "sapo"), ("cispo", "linear"), ("gpg", "linear"), ("vespo", "linear")]
 )
 def test_pg_loss_picks_the_kernel_policy_term_and_drops_the_dual_clip_off_clip(pg_loss, pg):
-    params = _kernel_params(LossConfig(pg_loss=pg_loss, dual_clip=2.0))
+    params = kernel_params(LossConfig(pg_loss=pg_loss, dual_clip=2.0))
     assert params.pg == pg and params.dual_clip == (2.0 if pg == "clip" else None)
 
 
 def test_token_mean_entropy_bonus_stays_out_of_the_kernel():
-    assert _kernel_params(LossConfig(entropy_coef=0.1, entropy_agg="token-mean")).entropy_coef == 0.0
+    assert kernel_params(LossConfig(entropy_coef=0.1, entropy_agg="token-mean")).entropy_coef == 0.0
 
 
 @pytest.mark.parametrize("name", sorted(NON_DEFAULT))
-def test_each_knob_reaches_the_kernel_params(name):
-    default, changed = _kernel_params(LossConfig()), _kernel_params(LossConfig(**{name: NON_DEFAULT[name]}))
+def test_each_knob_reaches_thekernel_params(name):
+    default, changed = kernel_params(LossConfig()), kernel_params(LossConfig(**{name: NON_DEFAULT[name]}))
     assert getattr(changed, name) == NON_DEFAULT[name] != getattr(default, name)
     others = [f.name for f in dataclasses.fields(PolicyLossParams) if f.name != name]
     assert all(getattr(changed, f) == getattr(default, f) for f in others)
 
 
 def test_numbers_become_floats():
-    params = _kernel_params(LossConfig(ratio_level="sequence", eps_low=np.float32(0.25), beta=1, kl_clip=2))
-    assert params.ratio_level == "sequence" and _kernel_params(LossConfig()).ratio_level == "token"
+    params = kernel_params(LossConfig(ratio_level="sequence", eps_low=np.float32(0.25), beta=1, kl_clip=2))
+    assert params.ratio_level == "sequence" and kernel_params(LossConfig()).ratio_level == "token"
     assert type(params.eps_low) is float and type(params.beta) is float and type(params.kl_clip) is float
     assert params.eps_low == pytest.approx(0.25) and params.beta == 1.0 and params.kl_clip == 2.0
 

@@ -9,6 +9,8 @@ import torch
 
 from fastrl import LossConfig
 from fastrl.losses import Normalizer, trl_normalizer, verl_normalizer
+from fastrl.losses.config import TRL_ALIASES
+from fastrl.losses.trl_compat import TRL_LOSS_TYPES
 
 VERL_ACTOR = {
     "loss_agg_mode": "seq-mean-token-mean",
@@ -54,6 +56,11 @@ def test_from_verl_names_every_unsupported_option_at_once():
 def _trl_args(**over):
     fields = dict(loss_type="dapo", gradient_accumulation_steps=4, steps_per_generation=2)
     return types.SimpleNamespace(**(fields | over))
+
+
+def test_trl_aliases_of_loss_config_agree_with_the_loss_type_table():
+    # LossConfig(loss_agg="dapo") names TRL's aggregations; the table of TRL's loss types is the reference
+    assert TRL_ALIASES and all(TRL_LOSS_TYPES[name].loss_agg == agg for name, agg in TRL_ALIASES.items())
 
 
 @pytest.mark.parametrize(

@@ -124,3 +124,39 @@ def test_bf16_hidden_with_a_float32_head(opts):
     torch.testing.assert_close(out.loss, ref.loss, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got_w, weight.grad, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(h16.grad, h32.grad.bfloat16(), rtol=0, atol=0)
+
+
+def test_config_temperature_has_the_kernels_floor():
+    # LossConfig(temperature=1e-7) used to build and then fail in the kernel
+    with pytest.raises(ValueError, match="MIN_TEMPERATURE"):
+        LossConfig(temperature=1e-7)
+    assert LossConfig(temperature=1e-6).temperature == 1e-6
+
+
+@pytest.mark.parametrize("options", [dict(top_k=5), dict(top_p=0.8, softcap=4.0)], ids=["top-k", "top-p-cap"])
+def test_fused_entry_points_honour_the_sampler(options):
+    # a direct call of fused_grpo_loss with a sampler config computes the sampler's distribution, as grpo_loss does
+    from fastrl.losses.fused import fusable_loss, fused_grpo_loss
+
+    g = torch.Generator().manual_seed(3)
+    b, t, d, v = 2, 6, 8, 37
+    hidden, weight = torch.randn(b, t, d, generator=g), torch.randn(v, d, generator=g) * 0.5
+    targets, mask = torch.randint(0, v, (b, t), generator=g), torch.ones(b, t, dtype=torch.bool)
+    adv, old = torch.tensor([1.0, -0.5]), -torch.rand(b, t, generator=g) - 1
+    config = LossConfig(**options)
+    assert config.sampler_on and not fusable_loss(config, old)
+    leaves = [hidden.clone().requires_grad_(), weight.clone().requires_grad_()]
+    got = fused_grpo_loss(
+        *leaves, targets, mask, adv, bias=None, old=old, ref=None, rollout=None, config=config, normalizer=None,
+        impl="torch", temperature=1.0, return_entropy=False, ignore_index=-100,
+    )  # fmt: skip
+    got.loss.backward()
+    ref_leaves = [hidden.clone().requires_grad_(), weight.clone().requires_grad_()]
+    want = grpo_loss(*ref_leaves, targets, mask, adv, old_logprobs=old, config=config, impl="torch")
+    want.loss.backward()
+    plain = grpo_loss(hidden, weight, targets, mask, adv, old_logprobs=old, impl="torch")
+    assert not torch.allclose(want.loss, plain.loss)  # the truncation matters here
+    torch.testing.assert_close(got.loss, want.loss)
+    assert "outside_kept_frac" in got.metrics
+    for a, b_ in zip(leaves, ref_leaves):
+        torch.testing.assert_close(a.grad, b_.grad)

@@ -2,6 +2,7 @@
 bias-corrected KL × ratio level, TRL's defaults, and gradient accumulation over 3 micro-batches."""
 
 import itertools
+import re
 import zlib
 
 import pytest
@@ -12,8 +13,9 @@ from trl_peer import is_ratio, make_args, trainer_for, trl_loss
 
 from fastrl import LossConfig, policy_loss
 from fastrl.losses import trl_normalizer
+from fastrl.losses.trl_compat import TRL_LOSS_TYPES
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+LOSS_TYPES = tuple(TRL_LOSS_TYPES)
 IS_MODES = (None, "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
@@ -129,6 +131,13 @@ def test_trl_gradient_accumulation(loss_type, num_processes):
     b = make_batch("fp32", seed=7)
     d_loss, d_grad, d_h = compare(fields, b, ga=3, num_processes=num_processes, micro_batches=MICRO_BATCHES)
     assert d_loss <= TOL and d_grad <= TOL and d_h <= TOL, (loss_type, d_loss, d_grad, d_h)
+
+
+def test_the_loss_type_table_is_trls():
+    # the loss types TRL's GRPOConfig says it supports (its field help), each reproduced by one table entry
+    help_text = trl.GRPOConfig.__dataclass_fields__["loss_type"].metadata["help"]
+    supported = help_text.split("Supported values are", 1)[1].split(". ", 1)[0]
+    assert set(re.findall(r"'(\w+)'", supported)) == set(TRL_LOSS_TYPES)
 
 
 def test_trl_default_config():

@@ -66,13 +66,6 @@ def test_lazy_top_level_names():
     assert "lm_body_and_head" in fastrl.__all__
 
 
-def test_trainer_rewards_reexports_the_package():
-    import fastrl.trainer.rewards as trainer_rewards
-
-    for name in fastrl.rewards.__all__:
-        assert getattr(trainer_rewards, name) is getattr(fastrl.rewards, name)
-
-
 def test_rewards_modules_stay_readable():
     long = {p.name: n for p in ROOT.glob("*.py") if (n := len(p.read_text().splitlines())) > 400}
     assert not long, long

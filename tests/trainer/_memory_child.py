@@ -12,7 +12,7 @@ import torch
 from fastrl.losses import LossConfig
 from fastrl.trainer.batching import Sample
 from fastrl.trainer.tiny import tiny_model
-from fastrl.trainer.update import train_step
+from fastrl.trainer.update import StepSettings, train_step
 
 
 def peak_mib() -> float:
@@ -33,11 +33,12 @@ def main(mode: str, tokens: int, vocab: int, n_seq: int) -> None:
         ]  # fmt: skip
 
     cfg = LossConfig()
-    train_step(model, opt, samples(64), cfg, budget=tokens, packed=True, pad_id=0, log_entropy=False)  # warm-up
+    settings = StepSettings(cfg, tokens, True, 0, log_entropy=False)
+    train_step(model, opt, samples(64), settings)  # warm-up
     big = samples(tokens)
     before = peak_mib()
     if mode == "fused":
-        train_step(model, opt, big, cfg, budget=tokens, packed=True, pad_id=0, log_entropy=False)
+        train_step(model, opt, big, settings)
     else:  # what an eager trainer does: full logits, log_softmax, gather
         for s in big:
             ids = torch.tensor([s.prompt_ids + s.completion_ids])

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fastrl.trainer.build import _ATTENTION_OPS, keep_attention_outputs
+from fastrl.hf import ATTENTION_OPS, keep_attention_outputs
 
 
 class _CountAttention(TorchDispatchMode):
@@ -13,7 +13,7 @@ class _CountAttention(TorchDispatchMode):
         self.calls = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += func in _ATTENTION_OPS
+        self.calls += func in ATTENTION_OPS
         return func(*args, **(kwargs or {}))
 
 

@@ -12,7 +12,7 @@ from fastrl.trainer.config import make_config
 from fastrl.trainer.metrics import read_metrics
 from fastrl.trainer.rollout import build_prompt
 from fastrl.trainer.trainer import train
-from fastrl.trainer.update import train_step
+from fastrl.trainer.update import StepSettings, train_step
 
 
 def _local_model(path):
@@ -52,7 +52,7 @@ def test_untied_head_and_embedding_both_get_gradients(tmp_path):
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     samples = [Sample([1, 5, 6], [7, 8, 2], 1.0), Sample([1, 9], [10, 2], -1.0)]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    train_step(model, opt, samples, LossConfig(), budget=64, packed=True, pad_id=0, max_grad_norm=0)
+    train_step(model, opt, samples, StepSettings(LossConfig(), 64, True, 0, max_grad_norm=0))
     for name in ("lm_head.weight", "model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"):
         assert not torch.equal(dict(model.named_parameters())[name], before[name]), name
 

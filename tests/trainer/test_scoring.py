@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from fastrl.rewards import combine_rewards, format_reward
 from fastrl.trainer import scoring
 from fastrl.trainer.advantages import EPS
 from fastrl.trainer.config import make_config
-from fastrl.trainer.rewards import combine_rewards, format_reward
 from fastrl.trainer.rollout import Completion
 
 

@@ -11,7 +11,7 @@ from fastrl.trainer.config import ConfigError, make_config
 from fastrl.trainer.rollout import ThinkingBudget, budget_cut, make_engine, thinking_budget_of
 from fastrl.trainer.rollout.thinking import sample_with_budget, span_start
 from fastrl.trainer.scoring import rollout_metrics, rollout_sums, to_samples
-from fastrl.trainer.update import train_step
+from fastrl.trainer.update import StepSettings, train_step
 
 # two-token markers, so a marker split over the budget's edge is seen
 TB = ThinkingBudget(budget=4, start_ids=(90, 91), end_ids=(92, 93), insert_ids=(80, 81, 92, 93))
@@ -165,7 +165,7 @@ def test_inserted_tokens_leave_the_loss_mask_and_are_counted(forced):
     assert metrics["thinking_budget_inserted_tokens"] == L * len(cut)
     # the update counts (and normalizes by) the sampled tokens only; the rollout log-probs' zeros are masked
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    out = train_step(model, opt, samples, config.loss, budget=4096, packed=True, pad_id=0, log_entropy=False)
+    out = train_step(model, opt, samples, StepSettings(config.loss, 4096, True, 0, log_entropy=False))
     assert out["num_tokens"] == 6 * M - L * len(cut)
 
 

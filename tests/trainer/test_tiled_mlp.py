@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 
-from fastrl.trainer.tiled_mlp import tile_mlps
+from fastrl.hf import tile_mlps
 
 
 def _qwen(seed: int = 0):
@@ -41,7 +41,7 @@ def test_tile_rows_must_be_positive():
 def test_checkpointed_tiled_mlp_runs_no_more_than_an_untiled_one(keep_attention):
     # the layer's recomputation stops before a tiled MLP (it keeps its own input): each MLP runs every token
     # twice (forward, then its tile's recomputation in the backward), as an untiled checkpointed MLP does
-    from fastrl.trainer.build import keep_attention_outputs
+    from fastrl.hf import keep_attention_outputs
 
     ids = torch.randint(0, 97, (2, 23), generator=torch.Generator().manual_seed(1))
     rows_run = {}

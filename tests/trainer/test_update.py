@@ -3,9 +3,10 @@ import torch
 
 from fastrl.losses import LossConfig
 from fastrl.trainer.batching import Sample
+from fastrl.trainer.config import make_config
 from fastrl.trainer.rollout import HFEngine, trim_completion
 from fastrl.trainer.tiny import CharTokenizer, tiny_model
-from fastrl.trainer.update import sequence_logprobs, train_step
+from fastrl.trainer.update import StepSettings, sequence_logprobs, train_step
 
 
 def make_samples(n=6, seed=0):
@@ -23,11 +24,11 @@ def step_delta(samples, agg, budget, packed, old=False):
     model = tiny_model(64, hidden_size=32, num_layers=2, num_heads=4, seed=0)
     before = [p.detach().clone() for p in model.parameters()]
     if old:
-        for s, lp in zip(samples, sequence_logprobs(model, samples, 1 << 20, packed, 0, 1.0)):
+        for s, lp in zip(samples, sequence_logprobs(model, samples, StepSettings(LossConfig(), 1 << 20, packed, 0))):
             s.old_logprobs = [x + (0.3 if j % 2 else -0.3) for j, x in enumerate(lp)]  # stale: some ratios clip
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     cfg = LossConfig(loss_agg=agg, max_completion_length=8)
-    m = train_step(model, opt, samples, cfg, budget=budget, packed=packed, pad_id=0, max_grad_norm=0.0)
+    m = train_step(model, opt, samples, StepSettings(cfg, budget, packed, pad_id=0, max_grad_norm=0.0))
     return [b - p.detach() for b, p in zip(before, model.parameters())], m
 
 
@@ -50,6 +51,23 @@ def test_packed_and_padded_steps_agree():
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
 
 
+def test_the_loose_keyword_form_is_the_same_step():
+    def delta(*settings, **loose):
+        model = tiny_model(64, hidden_size=32, num_layers=2, num_heads=4, seed=0)
+        before = [p.detach().clone() for p in model.parameters()]
+        train_step(model, torch.optim.SGD(model.parameters(), lr=1.0), make_samples(), *settings, **loose)
+        return [b - p.detach() for b, p in zip(before, model.parameters())]
+
+    settings = StepSettings(LossConfig(), 20, True, 0, max_grad_norm=0.5, log_entropy=False)
+    loose = delta(LossConfig(), budget=20, packed=True, pad_id=0, max_grad_norm=0.5, log_entropy=False)
+    for a, b in zip(delta(settings), loose):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="budget"):
+        delta(settings, budget=20)
+    with pytest.raises(ValueError, match="budget must be a positive int"):
+        StepSettings(LossConfig(), 0, True, 0)
+
+
 def test_all_masked_step_is_a_no_op():
     samples = [Sample([1, 5], [6, 7], 1.0, loss_mask=False)]
     delta, m = step_delta(samples, "token-mean", budget=64, packed=True)
@@ -63,12 +81,12 @@ def test_rollout_logprobs_match_the_trainer_recompute():
     # model defaults that would change the sampling distribution must not leak into rollouts
     model.generation_config.repetition_penalty, model.generation_config.top_k = 1.5, 3
     torch.manual_seed(0)
-    engine = HFEngine(model, tok, max_new_tokens=6, temperature=0.7)
+    engine = HFEngine(model, tok, make_config(max_completion_length=6, temperature=0.7))
     prompts = [tok.encode("3+4=", add_special_tokens=True), tok.encode("12+345=", add_special_tokens=True)]
     comps = engine.generate(prompts, n=3, want_logprobs=True)
     assert len(comps) == 6 and all(c.prompt_ids == prompts[i // 3] for i, c in enumerate(comps))
     samples = [Sample(c.prompt_ids, c.completion_ids, 0.0) for c in comps]
-    recomputed = sequence_logprobs(model, samples, 1 << 20, packed=True, pad_id=0, temperature=0.7)
+    recomputed = sequence_logprobs(model, samples, StepSettings(LossConfig(temperature=0.7), 1 << 20, True, 0))
     for c, lp in zip(comps, recomputed):
         torch.testing.assert_close(torch.tensor(lp), torch.tensor(c.logprobs), rtol=1e-4, atol=1e-4)
 
@@ -81,7 +99,7 @@ def test_activation_checkpointing_gives_the_same_step():
             assert model.is_activation_checkpointing
         before = [p.detach().clone() for p in model.parameters()]
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        train_step(model, opt, make_samples(), LossConfig(), budget=20, packed=True, pad_id=0, max_grad_norm=0)
+        train_step(model, opt, make_samples(), StepSettings(LossConfig(), 20, True, 0, max_grad_norm=0))
         return [b - p.detach() for b, p in zip(before, model.parameters())]
 
     for a, b in zip(delta(False), delta(True)):

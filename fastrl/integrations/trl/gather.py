@@ -4,14 +4,15 @@
   unit only when one of its modules is called). `full_head` all-gathers it once per forward with `full_tensor()`,
   which is differentiable: its backward reduce-scatters d_weight into the shard's gradient. A head FSDP has
   already unsharded (accelerate's unit of final norm and head, the embedding with it when tied) is a plain tensor.
-- DeepSpeed ZeRO-3: outside its module's forward a partitioned parameter holds an empty tensor (numel 0).
-  `zero3_scored` gathers the head (TRL's rule: only ZeRO-3 parameters not gathered already, tied duplicates
-  once) for the forward, and again in the backward, which recomputes the head's forward: fastrl's kernels keep
-  the weight for their backward, and ZeRO-3 frees it when the gather ends. Each is ONE gather per forward and one
-  per backward whatever the rank's token count (zero included), so every rank makes the same collective calls.
-  d_weight reaches the parameter through autograd, where ZeRO-3's gradient hooks reduce-scatter it; that needs
-  the parameter gathered when autograd accumulates it, which holds inside the engine's forward (DeepSpeed keeps
-  it gathered) and not for a head called outside it (autograd then fails on the partitioned `[0]` shape).
+- DeepSpeed ZeRO-3: outside its module's forward a partitioned parameter holds an empty tensor (numel 0). Inside
+  a DeepSpeed engine's forward DeepSpeed usually gathers the head itself: reading `lm_head.weight` there registers
+  it as an external parameter of the forward and all-gathers it (DeepSpeed 0.19's discovery of parameters read
+  outside their module), and the policy's forwards under TRL read it gathered. TRL's reference model (loaded from
+  the policy's path under `deepspeed.zero.Init`, wrapped by its own engine) is read partitioned (numel 0) in its
+  no-grad forwards: `zero3_scored` gathers it for the call (TRL's rule: only ZeRO-3 parameters not gathered
+  already, tied duplicates once), one gather per forward whatever the rank's token count. A head still
+  partitioned at a forward that records gradients is refused: its d_weight would reach a parameter ZeRO-3 has
+  partitioned again by the backward (autograd's accumulation fails on the `[0]` shape).
 """
 
 import contextlib
@@ -56,35 +57,20 @@ def gathered(params: list):
     return deepspeed.zero.GatheredParameters(params)
 
 
-class _Zero3Scored(torch.autograd.Function):
-    """`score(hidden) -> (logp, entropy)` reading the gathered `params`; the backward gathers them again."""
-
-    @staticmethod
-    def forward(ctx, score, hidden, *params):
-        ctx.score, ctx.params = score, params
-        ctx.save_for_backward(hidden)
-        with torch.no_grad():
-            return score(hidden)
-
-    @staticmethod
-    def backward(ctx, grad_logp, grad_entropy):
-        (hidden,) = ctx.saved_tensors
-        params = ctx.params
-        with gathered(zero3_partitioned(*params)), torch.enable_grad():
-            h = hidden.detach().requires_grad_(ctx.needs_input_grad[1])
-            logp, entropy = ctx.score(h)
-            inputs = [t for t, needed in zip((h, *params), ctx.needs_input_grad[1:]) if needed]
-            grads = iter(torch.autograd.grad((logp, entropy), inputs, (grad_logp, grad_entropy), allow_unused=True))
-        return None, *(next(grads) if needed else None for needed in ctx.needs_input_grad[1:])
-
-
 def zero3_scored(score, hidden: torch.Tensor, params: list):
-    """`score(hidden)` with the ZeRO-3 `params` (the head's weight and bias) gathered where partitioned, in the
-    forward and again in the backward; `score` reads them from the model. A head DeepSpeed has gathered already
-    (its prefetch) is not gathered again, but still not kept for the backward, where it may be partitioned.
-    params = [] (no ZeRO-3) calls `score(hidden)` directly."""
-    if not params:
+    """`score(hidden)` with the ZeRO-3 `params` (the head's weight and bias) gathered for the call where they are
+    partitioned; `score` reads them from the model. params = [] (no ZeRO-3) calls `score(hidden)` directly.
+
+    Raises:
+        RuntimeError: a partitioned head at a forward that records gradients (DeepSpeed gathers the head it trains
+            inside its engine's forward; call the model through the engine, as `GRPOTrainer` does).
+    """
+    partitioned = zero3_partitioned(*params)
+    if partitioned and torch.is_grad_enabled():
+        shapes = [tuple(p.ds_shape) for p in partitioned]
+        raise RuntimeError(
+            f"the LM head's ZeRO-3 parameters {shapes} are partitioned at a forward that records gradients; call "
+            "the model through its DeepSpeed engine (which gathers the head it trains) or under torch.no_grad()"
+        )
+    with gathered(partitioned):
         return score(hidden)
-    with gathered(zero3_partitioned(*params)):
-        # applied inside the gather: autograd records the full [V, D] shape the returned d_weight has
-        return _Zero3Scored.apply(score, hidden, *params)

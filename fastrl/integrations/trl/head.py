@@ -19,8 +19,9 @@ import types
 
 import torch
 
+from fastrl.hf import lm_body_and_head
 from fastrl.kernels import token_logprobs
-from fastrl.losses import lm_body_and_head, policy_loss
+from fastrl.losses import policy_loss
 from fastrl.losses.fused import fused_grpo_parts, wants_fused
 
 from .gather import full_head, gathered, zero3_params, zero3_partitioned, zero3_scored
@@ -43,8 +44,8 @@ def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_
     """(logp, entropy) `[B, T]` float32 of `labels` under `model`'s head on `hidden` `[B, T, D]`; -100 rows give 0.
     `sampler`: top_k / top_p / min_p keywords of `token_logprobs` (the sampler's truncation, docs/math.md §8).
 
-    The head is read in full under FSDP2 and DeepSpeed ZeRO-3 (`gather`: once per call, and once more in the
-    backward under ZeRO-3)."""
+    The head is read in full under FSDP2 and DeepSpeed ZeRO-3 (`gather`: FSDP2's shard once per call; a ZeRO-3
+    head DeepSpeed has left partitioned, once per no-grad call)."""
     head = model.get_output_embeddings()
     sharded = zero3_params(head.weight, getattr(head, "bias", None))
     labels = labels.to(head.weight.device)
@@ -139,7 +140,7 @@ def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bo
         logp, entropy = head_logprobs(
             self, hidden, labels, temperature=temperature, cast_lm_head_to_fp32=cast_lm_head_to_fp32, impl=impl,
             sampler=sampler,
-        )
+        )  # fmt: skip
         mask = labels.to(logp.device) != IGNORE_INDEX
         count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
         return FusedCausalLMOutput(loss=-logp.sum() / count, log_probs=logp, entropy=entropy, label_mask=mask)

@@ -16,10 +16,11 @@ Logged metrics keep TRL's names and definitions. Options fastrl cannot honour ra
 import torch
 from trl import GRPOTrainer
 
+from fastrl.hf import keep_attention_in_checkpoints
 from fastrl.losses import policy_loss, trl_normalizer
 from fastrl.losses.fused import fusable_loss
+from fastrl.losses.trl_compat import TRL_GLOBAL_TOKEN_TYPES
 
-from .checkpointing import keep_attention_in_checkpoints
 from .gather import zero3_params
 from .head import IGNORE_INDEX, add_fastrl_lm_head, head_policy_loss
 from .options import check_args, check_model, sampler_settings
@@ -200,7 +201,7 @@ def _log_metrics(trainer, inputs, logp, entropies, mask, out, normalizer, mode):
     if config.entropy_coef != 0:
         # TRL logs the policy term alone (before its division for accumulation, except the global-token types)
         bonus = config.entropy_coef * _bonus_mean(trainer, entropies, mask)
-        policy = (out.loss.detach() + bonus / accum) * (1 if trainer.loss_type in ("dapo", "cispo", "vespo") else accum)
+        policy = (out.loss.detach() + bonus / accum) * (1 if trainer.loss_type in TRL_GLOBAL_TOKEN_TYPES else accum)
         metrics["policy_loss"].append(gather(policy).nanmean().item())
         if mode == "train" and trainer.accelerator.sync_gradients:
             metrics["entropy_coef"].append(trainer.entropy_coef)

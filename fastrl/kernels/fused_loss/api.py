@@ -7,8 +7,8 @@ the policy loss of docs/math.md §2 (§7 describes the pass).
 import torch
 
 from ..dispatch import resolve_impl
-from ..logprobs.api import _check_targets_range, check_call
-from ..logprobs.chunked import no_autocast
+from ..logits import no_autocast
+from ..logprobs.checks import check_call, check_targets_range
 from ..policy import PolicyLossParams
 from .chunked import fused_forward
 from .params import FusedLossParams
@@ -50,7 +50,7 @@ def fused_logprob_grads(
     per_token = isinstance(temperature, torch.Tensor)
     impl = resolve_impl(impl, hidden.device)
     targets = targets.long()
-    _check_targets_range(targets, weight.shape[0], int(ignore_index))
+    check_targets_range(targets, weight.shape[0], int(ignore_index))
     lead = targets.shape
     flat = torch.where(targets == ignore_index, -1, targets).reshape(-1)
     tau = temperature.float().reshape(-1) if per_token else float(temperature)

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from ..logits import divide_rows, logit_tile
 from .lean import lean_applies, lean_forward
 from .params import FusedLossParams
 
@@ -37,16 +38,6 @@ def fused_rows(vocab: int, device: torch.device) -> int:
     return rows if device.type == "cpu" or rows < 256 else rows // 128 * 128
 
 
-def _mm_out_fp32(h, w_t, out):
-    # out = h @ w_t in float32 without rounding the product to h's dtype where the device can (cuBLAS)
-    if h.dtype == torch.float32:
-        torch.mm(h, w_t, out=out)
-    elif h.is_cuda and h.dtype in (torch.float16, torch.bfloat16):
-        torch.mm(h, w_t, out_dtype=torch.float32, out=out)
-    else:
-        out.copy_(h @ w_t)
-
-
 def _acc_fp32(acc, a, b):
     # acc += a @ b, float32 accumulation across chunks
     if a.dtype == torch.float32 and b.dtype == torch.float32:
@@ -57,19 +48,11 @@ def _acc_fp32(acc, a, b):
         acc.addmm_(a.float(), b.float())
 
 
-def _scale_rows(x, tau):
-    # a division, as eager's z / τ: a multiply by a rounded 1/τ is off by an ulp of z / τ, which p = exp(·) magnifies
-    if isinstance(tau, torch.Tensor):
-        x.div_(tau.unsqueeze(-1))
-    elif tau != 1.0:
-        x.div_(tau)
-
-
 class _TorchFold:
     """The fold and ∂z of one tile as torch ops; z holds the scaled logits minus their row max after fold."""
 
     def __init__(self, z, targets, tau, entropy: bool):
-        _scale_rows(z, tau)
+        divide_rows(z, tau)
         z.sub_(z.amax(-1, keepdim=True))
         self.z, self.targets, self.tau = z, targets.unsqueeze(-1), tau
         target_z = z.gather(-1, self.targets).squeeze(-1)
@@ -93,7 +76,7 @@ class _TorchFold:
             dz = self.e.mul_((-g / self.s).unsqueeze(-1))
         self.e = None
         dz.scatter_add_(-1, self.targets, g.unsqueeze(-1))
-        _scale_rows(dz, self.tau)
+        divide_rows(dz, self.tau)
         return dz
 
 
@@ -144,16 +127,13 @@ def fused_forward(hidden, weight, bias, targets, tau, token_grad, params: FusedL
     low = hidden.dtype != torch.float32
     # the Triton epilogue writes ∂z straight in the GEMM dtype; the torch fold casts its float32 tile
     dz_buf = torch.empty(tile.shape, dtype=hidden.dtype, device=dev) if low and params.impl == "triton" else None
-    w_t = weight.T
     fold_cls = _TritonFold if params.impl == "triton" else _TorchFold
     for start in range(0, live.numel(), rows):
         idx = live[start : start + rows]
         c = idx.numel()
         h = hidden.index_select(0, idx)
         z = tile[:c]
-        _mm_out_fp32(h, w_t, z)
-        if bias is not None:
-            z.add_(bias)
+        logit_tile(h, weight, bias, out=z, fp32_product=True)  # z / τ is the fold's first step
         tau_c = tau.index_select(0, idx) if isinstance(tau, torch.Tensor) else tau
         fold = fold_cls(z, targets.index_select(0, idx), tau_c, params.entropy)
         logp.index_copy_(0, idx, fold.logp)

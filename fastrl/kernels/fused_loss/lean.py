@@ -10,7 +10,8 @@ H = log s + shift − (h·Σ_v e_v W_v + Σ_v e_v b_v)/(τ·s).
 
 import torch
 
-from ..logprobs.vocab_major import logits_t, shifted_exp_t, tile_t, vocab_major_rows
+from ..logits import logit_tile
+from ..logprobs.vocab_major import shifted_exp_t, tile_t, vocab_major_rows
 from .params import FusedLossParams
 
 __all__ = ["lean_applies", "lean_forward"]
@@ -55,7 +56,7 @@ def lean_forward(hidden, weight, bias, targets, tau, token_grad, params: FusedLo
         c = idx.numel()
         h, y = hidden.index_select(0, idx), targets.index_select(0, idx)
         tau_c = tau.index_select(0, idx) if isinstance(tau, torch.Tensor) else tau
-        e = logits_t(h, weight, bias, tau_c, tile[:, :c])
+        e = logit_tile(h, weight, bias, tau=tau_c, out=tile[:, :c], vocab_major=True)
         z_y, shift, s = shifted_exp_t(e, h, weight, bias, tau_c, y)
         logp_c = z_y - shift - s.log()
         logp.index_copy_(0, idx, logp_c)

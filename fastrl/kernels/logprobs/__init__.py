@@ -1,26 +1,33 @@
 """Per-token log-probabilities and entropy from hidden states and the LM-head weight (docs/math.md §1).
 
-params.py    LogprobParams, the frozen scalars every implementation takes
+params.py    LogprobParams and MIN_TEMPERATURE, the frozen scalars every implementation takes
+checks.py    the input checks (one temperature rule, `check_temperature`)
 naive.py     eager full-logits reference, O(N·V) memory: the test oracle and benchmark baseline
 chunked.py   chunked PyTorch forward/backward, O(N + V) extra memory on any device
-tile.py      the logit-tile K-loop both Triton kernels share
+vocab_major.py  the `[V, C]` target-shifted tile of the float32 CPU walks
+tile.py      the logit-tile K-loop both Triton kernels share (the torch tile is ../logits.py)
 fwd.py       Triton forward kernel + launcher
 bwd.py       Triton ∂L/∂z kernel + launcher (the gradient GEMMs run in cuBLAS)
 function.py  the autograd Functions of the chunked and Triton paths
-api.py       `token_logprobs`: input checks and the public entry point
-sampling.py  the sampler's kept set (min-p, top-k, top-p) as one threshold per row, found on a logit tile
+api.py       `token_logprobs` / `sampled_token_logprobs` and `route`, the one router over the paths
+sampling.py  the sampler's kept set (min-p, top-k, top-p) as one threshold per row, and `sampler_on`
 sampled.py   the truncated / soft-capped forward and backward (docs/math.md §8)
 vocab_parallel.py  the head split by rows over a process group (docs/math.md §6)
 """
 
 from .api import sampled_token_logprobs, token_logprobs
+from .checks import check_temperature
 from .naive import sampled_logprobs_reference, token_logprobs_reference
-from .params import LogprobParams
+from .params import MIN_TEMPERATURE, LogprobParams
+from .sampling import sampler_on
 
 __all__ = [
+    "MIN_TEMPERATURE",
     "LogprobParams",
+    "check_temperature",
     "sampled_logprobs_reference",
     "sampled_token_logprobs",
+    "sampler_on",
     "token_logprobs",
     "token_logprobs_reference",
 ]

@@ -17,10 +17,21 @@ import os
 
 import torch
 
+from ..logits import divide_rows, logit_tile
 from .params import LogprobParams
-from .vocab_major import logits_t, shifted_exp_t, tile_t, vocab_major_rows
+from .vocab_major import shifted_exp_t, tile_t, vocab_major_rows
 
-__all__ = ["chunk_bytes", "chunk_cols", "chunk_rows", "chunked_backward", "chunked_forward", "no_autocast"]
+__all__ = [
+    "chunk_bytes",
+    "chunk_cols",
+    "chunk_rows",
+    "chunked_backward",
+    "chunked_forward",
+    "add_target_hits",
+    "live_index",
+    "live_rows_backward",
+    "slab_grads",
+]
 
 _MIN_CHUNK_BYTES, _MAX_CHUNK_BYTES = 32 * 2**20, 128 * 2**20
 
@@ -41,35 +52,9 @@ def chunk_rows(vocab: int, tokens: int | None = None) -> int:
     return max(16, chunk_bytes(tokens, vocab) // (4 * vocab))
 
 
-def no_autocast(hidden):
-    # The tiles run in the inputs' dtype, as the Triton kernels do. Under autocast the forward would
-    # use bf16 logits and the backward (usually outside the context) fp32 ones: p = exp(z − lse)
-    # would then not sum to 1 and the gradient would be wrong.
-    return torch.autocast(hidden.device.type, enabled=False)
-
-
-def _live_rows(hidden, valid, sl):
-    # Ignored rows are often padding whose hidden state may be inf/NaN: zero them (a [C, D] copy, small
-    # next to the [C, V] tile) so no 0·NaN reaches the gradients, d_weight included.
-    # It is also a contiguous copy whatever the input's layout, so forward and backward take the same
-    # matmul and their tiles agree (a strided view once gave a backward tile off by an ulp of the logits).
-    return torch.where(valid[sl].unsqueeze(-1), hidden[sl], 0.0)
-
-
 def _finite_log_p(z):
     # log p = −inf (a −inf bias bans the token) has p = 0: p·log p is 0, but 0·(−inf) is NaN
     return z.clamp_(min=torch.finfo(z.dtype).min)
-
-
-def _tile(hidden, weight, bias, temperature, out=None):
-    # [C, V] float32 logits / temperature; the matmul runs in the input dtype, as eager does. A float32
-    # `out` (a buffer reused across chunks) takes the product directly.
-    if out is not None and hidden.dtype == torch.float32:
-        z = torch.mm(hidden, weight.T, out=out) if bias is None else torch.addmm(bias, hidden, weight.T, out=out)
-    else:
-        z = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
-        z = z.float() if out is None else out.copy_(z)
-    return z if temperature == 1.0 else z.div_(temperature)
 
 
 def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
@@ -80,7 +65,7 @@ def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
     rows are left out of the tiles (their hidden state is never read) and get logp = entropy = lse = 0.
     """
     n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
-    live = _live_index(targets, params.ignore_index)
+    live = live_index(targets, params.ignore_index)
     logp = torch.zeros(n, dtype=torch.float32, device=dev)
     lse = torch.zeros(2, n, dtype=torch.float32, device=dev)
     entropy = torch.zeros(n, dtype=torch.float32, device=dev) if params.return_entropy else None
@@ -94,7 +79,7 @@ def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
         stop = min(n_live, start + rows)
         idx = slice(start, stop) if live is None else live[start:stop]
         x = hidden[idx].contiguous()  # the backward's rows, bit for bit, whatever the input's layout
-        z = _tile(x, weight, bias, params.temperature, tile[: stop - start])
+        z = logit_tile(x, weight, bias, tau=params.temperature, out=tile[: stop - start])
         c_max = z.amax(-1, keepdim=True)
         z.sub_(c_max)  # z − max: exact where it matters, at the largest logits
         target_z = z.gather(-1, targets[idx].unsqueeze(-1)).squeeze(-1)
@@ -118,19 +103,37 @@ def _vocab_major_forward(hidden, weight, targets, bias, tau, live, rows, logp, l
         stop = min(n_live, start + rows)
         idx = slice(start, stop) if live is None else live[start:stop]
         x, y = hidden[idx].contiguous(), targets[idx]
-        e = logits_t(x, weight, bias, tau, tile[:, : stop - start])
+        e = logit_tile(x, weight, bias, tau=tau, out=tile[:, : stop - start], vocab_major=True)
         z_y, shift, s = shifted_exp_t(e, x, weight, bias, tau, y)
         log_s = s.log_()
         lse[0, idx], lse[1, idx] = shift, log_s
         logp[idx] = z_y.sub_(shift).sub_(log_s)
 
 
-def _live_index(targets, ignore_index):
+def live_index(targets, ignore_index):
     """The rows to compute, or None when every row is live (then no gather is needed)."""
     valid = targets != ignore_index
     if bool(valid.all()):
         return None
     return torch.nonzero(valid).squeeze(-1)
+
+
+def live_rows_backward(backward, live, hidden, weight, targets, bias, *row_args):
+    """`backward(hidden, weight, targets, bias, *row_args)` of the `live` rows only (each tensor in row_args, or in
+    a tuple of them, taken at those rows along its last dim; other values as they are), d_hidden put back in
+    place with zeros for the other rows. Returns (d_hidden, d_weight, d_bias)."""
+
+    def pick(t):
+        if isinstance(t, tuple):
+            return tuple(pick(x) for x in t)
+        return t.index_select(-1, live) if isinstance(t, torch.Tensor) else t
+
+    d_hidden, d_weight, d_bias = backward(
+        hidden.index_select(0, live), weight, targets.index_select(0, live), bias, *(pick(a) for a in row_args)
+    )
+    if d_hidden is not None:
+        d_hidden = torch.zeros_like(hidden).index_copy_(0, live, d_hidden)
+    return d_hidden, d_weight, d_bias
 
 
 def chunk_cols(tokens: int, vocab: int | None = None) -> int:
@@ -144,17 +147,10 @@ def chunked_backward(hidden, weight, targets, bias, lse, entropy, grad_logp, gra
     Ignored rows are left out (they get a zero d_hidden); a target ≥ V (vocab-parallel: another rank's
     token) contributes its row's softmax gradient but no one-hot term.
     """
-    live = _live_index(targets, params.ignore_index)
+    live = live_index(targets, params.ignore_index)
     if live is not None:  # the live rows only, then d_hidden back in place
-        pick = lambda t: None if t is None else t.index_select(-1, live)  # noqa: E731
-        lse_live = tuple(pick(x) for x in lse)  # a [2, N] tensor or a (max, log-sum) pair
-        d_hidden, d_weight, d_bias = chunked_backward(
-            hidden.index_select(0, live), weight, targets.index_select(0, live), bias, lse_live, pick(entropy),
-            pick(grad_logp), pick(grad_entropy), params, needs,
-        )  # fmt: skip
-        if d_hidden is not None:
-            d_hidden = torch.zeros_like(hidden).index_copy_(0, live, d_hidden)
-        return d_hidden, d_weight, d_bias
+        row_args = (lse, entropy, grad_logp, grad_entropy, params, needs)
+        return live_rows_backward(chunked_backward, live, hidden, weight, targets, bias, *row_args)
     # Walks the vocabulary, not the tokens: each `[N, V_chunk]` tile gives its rows of d_weight complete
     # in one GEMM (inner dim N), and d_hidden `[N, D]` takes the running sum. Token chunks would instead
     # read and write the whole `[V, D]` d_weight once per chunk, which costs more whenever N < V.
@@ -175,7 +171,7 @@ def chunked_backward(hidden, weight, targets, bias, lse, entropy, grad_logp, gra
     cols = chunk_cols(n, v)
     for start in range(0, v, cols):
         sl = slice(start, min(v, start + cols))
-        z = _tile(h, weight[sl], None if bias is None else bias[sl], tau)
+        z = logit_tile(h, weight[sl], None if bias is None else bias[sl], tau=tau)
         z.sub_(lse[0].unsqueeze(-1)).sub_(lse[1].unsqueeze(-1))  # log p, in the forward's order
         if e is not None:
             # z − Σ_u p z = log p + H; the entropy term is −e·p·(log p + H)
@@ -189,18 +185,28 @@ def chunked_backward(hidden, weight, targets, bias, lse, entropy, grad_logp, gra
         else:
             dz = z.zero_()
         if g is not None:
-            lo, hi = torch.searchsorted(hit_ids, torch.tensor([sl.start, sl.stop], device=hit_ids.device)).tolist()
-            rows = hit_order[lo:hi]
-            dz.index_put_((rows, targets[rows] - sl.start), g[rows], accumulate=True)
-        if tau != 1.0:
-            dz.div_(tau)
-        if d_bias is not None:
-            d_bias[sl] = dz.sum(0)
-        if d_weight is not None:
-            d_weight[sl] = dz.T @ h32
-        if d_hidden is not None:
-            d_hidden.addmm_(dz, weight[sl].float())
+            add_target_hits(dz, sl, hit_order, hit_ids, targets, g)
+        slab_grads(divide_rows(dz, tau), sl, h32, weight, d_hidden, d_weight, d_bias)
     return _finish(hidden, bias, d_hidden, d_weight, d_bias)
+
+
+def add_target_hits(dz, sl, order, hits, targets, g) -> None:
+    """The one-hot term of ∂z on a vocabulary slab `sl`: dz[n, y_n − sl.start] += g_n for the rows whose target
+    falls in it (`order`: the rows sorted by target, `hits`: their sorted targets; a target ≥ V never does)."""
+    lo, hi = torch.searchsorted(hits, torch.tensor([sl.start, sl.stop], device=hits.device)).tolist()
+    rows = order[lo:hi]
+    dz.index_put_((rows, targets[rows] - sl.start), g[rows], accumulate=True)
+
+
+def slab_grads(dz, sl, h32, weight, d_hidden, d_weight, d_bias) -> None:
+    """A vocabulary slab's share of the gradients from its float32 ∂z `[N, V_c]`: its rows of d_weight and d_bias
+    (complete), and its term of the d_hidden sum; a None gradient is not wanted."""
+    if d_bias is not None:
+        d_bias[sl] = dz.sum(0)
+    if d_weight is not None:
+        d_weight[sl] = dz.T @ h32
+    if d_hidden is not None:
+        d_hidden.addmm_(dz, weight[sl].float())
 
 
 def _finish(hidden, bias, d_hidden, d_weight, d_bias):
@@ -230,7 +236,7 @@ def _logp_only_backward(h, weight, bias, targets, lse, g, tau, grads):
     for start in range(0, v, cols):
         sl = slice(start, min(v, start + cols))
         buf = tile if sl.stop - sl.start == tile.shape[1] else torch.empty_like(tile[:, : sl.stop - sl.start])
-        e = _tile(h, weight[sl], None if bias is None else bias[sl], tau, buf).sub_(shift).exp_()
+        e = logit_tile(h, weight[sl], None if bias is None else bias[sl], tau=tau, out=buf).sub_(shift).exp_()
         if d_weight is not None:
             torch.mm(e.T, hs, out=d_weight[sl])
         if d_bias is not None:

@@ -8,10 +8,17 @@ are imported on the first Triton call: triton is optional, and the chunked path 
 import torch
 
 from ..autograd import differentiable_once
-from .chunked import chunked_backward, chunked_forward, no_autocast
+from ..logits import no_autocast
+from .chunked import chunked_backward, chunked_forward
 from .params import LogprobParams
 
-__all__ = ["ChunkedLogprobFunction", "TritonLogprobFunction", "token_logprobs_chunked", "token_logprobs_triton"]
+__all__ = [
+    "ChunkedLogprobFunction",
+    "TritonLogprobFunction",
+    "token_logprobs_chunked",
+    "token_logprobs_impl",
+    "token_logprobs_triton",
+]
 
 
 def _needs_grad(hidden, weight, bias) -> bool:
@@ -55,7 +62,7 @@ class TritonLogprobFunction(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, bias, params: LogprobParams, theta=None, row_scale=None):
         from .fwd import logprob_forward
 
-        logp, lse, entropy = logprob_forward(hidden, weight, targets, bias, params, None, theta, row_scale)
+        logp, lse, entropy = logprob_forward(hidden, weight, targets, bias, params, theta=theta, row_scale=row_scale)
         ctx.params = params
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(hidden, weight, targets, bias, lse, entropy, theta, row_scale)
@@ -133,7 +140,12 @@ def token_logprobs_triton(
     if not _needs_grad(hidden, weight, bias):
         from .fwd import logprob_forward
 
-        logp, _, entropy = logprob_forward(hidden, weight, targets, bias, params, None, theta, row_scale)
+        logp, _, entropy = logprob_forward(hidden, weight, targets, bias, params, theta=theta, row_scale=row_scale)
         return logp, entropy
     out = TritonLogprobFunction.apply(hidden, weight, targets, bias, params, theta, row_scale)
     return (out, None) if isinstance(out, torch.Tensor) else out
+
+
+def token_logprobs_impl(impl: str):
+    """The `[N, D]`, `[V, D]`, `[N]` log-prob function of a resolved `impl` ("triton" or "torch")."""
+    return token_logprobs_triton if impl == "triton" else token_logprobs_chunked

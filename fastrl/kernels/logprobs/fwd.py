@@ -245,24 +245,13 @@ def logprob_partials(
     return part_m, part_s, part_t, target_z
 
 
-def logprob_forward(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    bias: torch.Tensor | None,
-    params: LogprobParams,
-    n_splits: int | None = None,
-    theta: torch.Tensor | None = None,
-    row_scale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def logprob_forward(hidden, weight, targets, bias, params: LogprobParams, **options):
     """`[N, D]`, `[V, D]`, `[N]`, `[V]`|None → (logp `[N]`, lse `[N]`, entropy `[N]`|None), float32.
 
-    With `theta`, lse and entropy are those of the kept set (`logprob_partials`). `n_splits` overrides the
-    vocab split count (tests use it to force the multi-split merge).
+    `options`: `logprob_partials`' n_splits, theta, row_scale (with `theta`, lse and entropy are the kept set's;
+    `n_splits` overrides the vocab split count: tests use it to force the multi-split merge).
     """
-    part_m, part_s, part_t, target_z = logprob_partials(
-        hidden, weight, targets, bias, params, n_splits, theta, row_scale
-    )
+    part_m, part_s, part_t, target_z = logprob_partials(hidden, weight, targets, bias, params, **options)
     valid = targets != params.ignore_index
     logp, lse, entropy = merge_partials(part_m, part_s, part_t, target_z, valid)
     return logp, lse, entropy

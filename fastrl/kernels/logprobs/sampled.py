@@ -13,10 +13,11 @@ from typing import NamedTuple
 import torch
 
 from ..autograd import differentiable_once
-from ..dispatch import token_logprobs_impl
-from .chunked import chunk_bytes, no_autocast
+from ..logits import logit_tile, no_autocast
+from .chunked import add_target_hits, chunk_bytes, live_index, live_rows_backward, slab_grads
+from .function import token_logprobs_triton
 from .params import LogprobParams
-from .sampling import Truncation, Workspace, logit_tile, tile_threshold
+from .sampling import Truncation, Workspace, tile_threshold
 
 __all__ = ["SampledLogprobs", "sampled_forward", "token_logprobs_sampled"]
 
@@ -34,13 +35,8 @@ def _rows(n_live: int, vocab: int) -> int:
     return max(16, chunk_bytes(n_live, vocab) // (24 * max(vocab, 1)))
 
 
-def _live(targets, ignore_index):
-    valid = targets != ignore_index
-    return None if bool(valid.all()) else torch.nonzero(valid).squeeze(-1)
-
-
 def _tau_rows(tau, idx):
-    return tau[idx].unsqueeze(1) if isinstance(tau, torch.Tensor) else tau
+    return tau[idx] if isinstance(tau, torch.Tensor) else tau
 
 
 def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None, params: LogprobParams, topk=None):
@@ -52,7 +48,7 @@ def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None
     entropy = zeros(n) if params.return_entropy else None
     top_ids = zeros(n, topk, dt=torch.int64) if topk else None
     top_lp = zeros(n, topk) if topk else None
-    live = _live(targets, params.ignore_index)
+    live = live_index(targets, params.ignore_index)
     n_live = n if live is None else live.numel()
     rows = _rows(n_live, v)
     ws = Workspace(min(rows, n_live), v, dev)
@@ -60,7 +56,7 @@ def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None
         stop = min(n_live, start + rows)
         idx = slice(start, stop) if live is None else live[start:stop]
         c = stop - start
-        z = logit_tile(hidden[idx], weight, bias, params.softcap, _tau_rows(tau, idx), out=ws.get("z", c))
+        z = logit_tile(hidden[idx], weight, bias, softcap=params.softcap, tau=_tau_rows(tau, idx), out=ws.get("z", c))
         zmax = z.amax(1)
         theta = None if trunc is None else tile_threshold(z, zmax, trunc.rows(idx), ws)
         zc = torch.sub(z, zmax.unsqueeze(1), out=ws.get("tmp", c))
@@ -91,16 +87,10 @@ def sampled_backward(hidden, weight, targets, bias, tau, stats, grad_logp, grad_
     """(d_hidden, d_weight, d_bias) with S held fixed: ∂z = g·(1[v=y] − p_S) − e·p_S·(log p_S + H), then through
     the temperature and the soft-cap. Walks the vocabulary (each chunk's ∂W rows complete in one GEMM) over the
     live rows; ignored rows get none."""
-    live = _live(targets, params.ignore_index)
+    live = live_index(targets, params.ignore_index)
     if live is not None:
-        pick = lambda t: t.index_select(-1, live) if isinstance(t, torch.Tensor) else t  # noqa: E731
-        d_hidden, d_weight, d_bias = sampled_backward(
-            hidden.index_select(0, live), weight, targets.index_select(0, live), bias, pick(tau), pick(stats),
-            pick(grad_logp), pick(grad_entropy), params, needs,
-        )  # fmt: skip
-        if d_hidden is not None:
-            d_hidden = torch.zeros_like(hidden).index_copy_(0, live, d_hidden)
-        return d_hidden, d_weight, d_bias
+        row_args = (tau, stats, grad_logp, grad_entropy, params, needs)
+        return live_rows_backward(sampled_backward, live, hidden, weight, targets, bias, *row_args)
     n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
     cap, col = params.softcap, lambda t: t.unsqueeze(1)
     tau_c = col(tau) if isinstance(tau, torch.Tensor) else tau
@@ -122,7 +112,7 @@ def sampled_backward(hidden, weight, targets, bias, tau, stats, grad_logp, grad_
         c = sl.stop - sl.start
         buf = lambda name, dt=torch.float32: ws.get(name, n, dt)[:, :c] if c == ws.vocab else torch.empty(  # noqa: E731
             n, c, dtype=dt, device=dev)  # fmt: skip
-        z = logit_tile(hidden, weight[sl], None if bias is None else bias[sl], cap, tau_c, out=buf("z"))
+        z = logit_tile(hidden, weight[sl], None if bias is None else bias[sl], softcap=cap, tau=tau, out=buf("z"))
         drop = torch.lt(z, theta, out=buf("mask", torch.bool))
         if cap is not None:
             factor = torch.mul(z, tau_c / cap, out=buf("f"))
@@ -138,17 +128,8 @@ def sampled_backward(hidden, weight, targets, bias, tau, stats, grad_logp, grad_
         else:
             dz = p.zero_()
         if g is not None:
-            lo, hi = torch.searchsorted(hits, torch.tensor([sl.start, sl.stop], device=dev)).tolist()
-            rows = order[lo:hi]
-            dz.index_put_((rows, targets[rows] - sl.start), g[rows, 0], accumulate=True)
-        if cap is not None:
-            dz.mul_(factor)
-        if d_bias is not None:
-            d_bias[sl] = dz.sum(0)
-        if d_weight is not None:
-            d_weight[sl] = dz.T @ h32
-        if d_hidden is not None:
-            d_hidden.addmm_(dz, weight[sl].float())
+            add_target_hits(dz, sl, order, hits, targets, g[:, 0])
+        slab_grads(dz if cap is None else dz.mul_(factor), sl, h32, weight, d_hidden, d_weight, d_bias)
     return None if d_hidden is None else d_hidden.to(hidden.dtype), d_weight, d_bias
 
 
@@ -182,19 +163,22 @@ def token_logprobs_sampled(hidden, weight, targets, bias, tau, trunc, params, im
     """`[N, D]` rows → SampledLogprobs of the truncated, soft-capped distribution (docs/math.md §8).
 
     tau: a float (then params.temperature) or an `[N]` float32 tensor; trunc: per-row rules or None.
-    impl "triton": θ from a no-grad pass here, the log-probs and their gradients from the Triton kernels (a
-    per-row tau rides in as the kernels' row scale, applied after the soft-cap)."""
+    impl "triton": θ (and the top-k export) from a no-grad pass here, skipped when neither is asked for; the
+    log-probs and their gradients from the Triton kernels, a per-row tau riding in as their row scale 1/τ, applied
+    after the soft-cap and the bias as the torch tile's division is (docs/math.md §1.1)."""
     if impl == "triton" and hidden.shape[0]:
-        with torch.no_grad(), no_autocast(hidden):
-            search = dataclasses.replace(params, return_entropy=False)
-            out, stats = sampled_forward(hidden, weight, targets, bias, tau, trunc, search, topk)
-        theta = None if trunc is None else stats[3]
+        theta = out = None
+        if trunc is not None or topk:
+            with torch.no_grad(), no_autocast(hidden):
+                search = dataclasses.replace(params, return_entropy=False)
+                out, stats = sampled_forward(hidden, weight, targets, bias, tau, trunc, search, topk)
+            theta = None if trunc is None else stats[3]
         row_scale = None
         if isinstance(tau, torch.Tensor):
             row_scale, params = tau.float().reciprocal(), dataclasses.replace(params, temperature=1.0)
-        logp, entropy = token_logprobs_impl("triton")(
-            hidden, weight, targets, bias, params, theta=theta, row_scale=row_scale
-        )
+        logp, entropy = token_logprobs_triton(hidden, weight, targets, bias, params, theta=theta, row_scale=row_scale)
+        if out is None:
+            return SampledLogprobs(logp, entropy, torch.zeros_like(targets, dtype=torch.bool), None, None)
         return SampledLogprobs(logp, entropy, out.outside, out.topk_ids, out.topk_logprobs)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not grad:

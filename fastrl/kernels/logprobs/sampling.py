@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Truncation", "Workspace", "logit_tile", "tile_threshold", "truncation"]
+__all__ = ["Truncation", "Workspace", "rule_on", "sampler_on", "tile_threshold", "truncation"]
 
 _BINS = 1024  # histogram bins per top-p pass
 _EXACT = 1024  # candidates ranked exactly (one topk) once the window holds at most this many
@@ -61,16 +61,33 @@ def _rows_of(name, value, shape, device, integer: bool):
     return torch.full((n,), value, dtype=torch.int64 if integer else torch.float32, device=device)
 
 
+def rule_on(name: str, value, vocab: int | None = None) -> bool:
+    """Whether one sampler rule may drop a token: None, `top_k <= 0` (or `>= vocab` when it is known),
+    `top_p == 1` and `min_p == 0` are off; a tensor counts as on (its rows are judged one by one later), and so
+    does a value of the wrong type or range (the checks of `truncation` then name it)."""
+    if value is None or isinstance(value, torch.Tensor) or isinstance(value, bool):
+        return value is not None
+    if name == "top_k":
+        return not isinstance(value, numbers.Integral) or (value > 0 and (vocab is None or value < vocab))
+    if not isinstance(value, numbers.Real):
+        return True
+    return value != (1 if name == "top_p" else 0)
+
+
+def sampler_on(top_k=None, top_p=None, min_p=None, softcap=None) -> bool:
+    """THE answer to "are the log-probs those of a truncated or soft-capped distribution" (docs/math.md §8), for
+    `LossConfig.sampler_on`, `grpo_loss` and the log-prob router alike."""
+    rules = (("top_k", top_k), ("top_p", top_p), ("min_p", min_p))
+    return softcap is not None or any(rule_on(name, value) for name, value in rules)
+
+
 def truncation(top_k, top_p, min_p, shape, vocab: int, device) -> Truncation | None:
     """Check and broadcast vLLM's `top_k`, `top_p`, `min_p` (each None, a number, or a per-row `[B]` / per-token
     tensor of targets' `shape`) to `[N]` rows. Returns None when every rule is off on every row (no cost)."""
     # a scalar that is off costs nothing: no per-row tensor is built for it
-    if isinstance(top_k, numbers.Integral) and not isinstance(top_k, bool) and not 0 < top_k < vocab:
-        top_k = None
-    if isinstance(top_p, numbers.Real) and not isinstance(top_p, bool) and top_p == 1:
-        top_p = None
-    if isinstance(min_p, numbers.Real) and not isinstance(min_p, bool) and min_p == 0:
-        min_p = None
+    top_k = top_k if rule_on("top_k", top_k, vocab) else None
+    top_p = top_p if rule_on("top_p", top_p) else None
+    min_p = min_p if rule_on("min_p", min_p) else None
     k = _rows_of("top_k", top_k, shape, device, integer=True)
     p = _rows_of("top_p", top_p, shape, device, integer=False)
     m = _rows_of("min_p", min_p, shape, device, integer=False)
@@ -86,26 +103,6 @@ def truncation(top_k, top_p, min_p, shape, vocab: int, device) -> Truncation | N
     p = None if p is None or not bool((p < 1).any()) else p
     m = None if m is None or not bool((m > 0).any()) else m
     return None if k is None and p is None and m is None else Truncation(k, p, m)
-
-
-def logit_tile(x, weight, bias, softcap, tau, out=None):
-    """`[C, D]` rows → `[C, V]` float32 final logits z = softcap(x·Wᵀ + b) / τ (into `out` when given).
-
-    A float32 head takes lower-precision rows upcast here, one tile at a time (as an fp32 head computes them);
-    otherwise the matmul runs in the inputs' dtype with float32 accumulation, as eager does. `tau` is a float or
-    a `[C, 1]` tensor."""
-    if x.dtype != weight.dtype:
-        x = x.to(weight.dtype)
-    if out is not None and weight.dtype == torch.float32:
-        z = torch.mm(x, weight.T, out=out) if bias is None else torch.addmm(bias, x, weight.T, out=out)
-    else:
-        z = x @ weight.T if bias is None else torch.addmm(bias, x, weight.T)
-        z = z.float() if out is None else out.copy_(z)
-    if softcap is not None:
-        z = z.div_(softcap).tanh_().mul_(softcap)
-    if isinstance(tau, torch.Tensor):
-        return z.div_(tau)
-    return z if tau == 1.0 else z.div_(tau)
 
 
 class Workspace:

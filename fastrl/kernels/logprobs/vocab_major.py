@@ -10,7 +10,9 @@ gradient-in-forward loss (fused_loss/lean.py).
 
 import torch
 
-__all__ = ["S_MAX", "logits_t", "shifted_exp_t", "tile_t", "vocab_major_rows"]
+from ..logits import logit_tile
+
+__all__ = ["S_MAX", "shifted_exp_t", "tile_t", "vocab_major_rows"]
 
 S_MAX = 2.0**100  # above it, e / s and the GEMMs of e keep too little headroom: the row takes the max shift
 
@@ -26,19 +28,9 @@ def tile_t(vocab: int, rows: int, device) -> torch.Tensor:
     return torch.empty(vocab, -(-rows // 16) * 16, dtype=torch.float32, device=device)[:, :rows]
 
 
-def logits_t(h, weight, bias, tau, out):
-    """out = (W·hᵀ + b) / τ, `[V, C]` float32; τ a float or a `[C]` tensor (a division, as eager's z / τ)."""
-    if bias is None:
-        torch.mm(weight, h.T, out=out)
-    else:
-        torch.addmm(bias.unsqueeze(-1), weight, h.T, out=out)
-    if isinstance(tau, torch.Tensor) or tau != 1.0:
-        out.div_(tau)
-    return out
-
-
 def shifted_exp_t(e, h, weight, bias, tau, targets):
-    """In place, the logits `e = logits_t(h, ...)` become exp(z − shift); returns (z_y, shift, s), each `[C]`.
+    """In place, the vocab-major logits `e = logit_tile(h, ..., vocab_major=True)` become exp(z − shift); returns
+    (z_y, shift, s), each `[C]`.
 
     shift is z_y, or max z for the rows whose s would pass S_MAX (recomputed from h), so that
     log p_y = z_y − shift − log s and p_v = e_v / s.
@@ -51,7 +43,7 @@ def shifted_exp_t(e, h, weight, bias, tau, targets):
     if over.numel():
         tau_r = tau.index_select(0, over) if isinstance(tau, torch.Tensor) else tau
         z = torch.empty(e.shape[0], over.numel(), dtype=e.dtype, device=e.device)
-        z = logits_t(h.index_select(0, over), weight, bias, tau_r, z)
+        z = logit_tile(h.index_select(0, over), weight, bias, tau=tau_r, out=z, vocab_major=True)
         z_max = z.amax(0)
         z_y[over] = z.gather(0, targets[over].unsqueeze(0)).squeeze(0)
         shift[over] = z_max

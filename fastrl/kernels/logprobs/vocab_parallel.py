@@ -7,7 +7,9 @@ target logit where it owns the target (0 elsewhere). Two all-reduces of O(N) flo
 (docs/math.md §6): M = max_r m_r, then the sums of exp(m_r − M)·s_r, of the target logits and of
 exp(m_r − M)·(t_r + (m_r − M)·s_r); lse = M + log S and H = log S − T / S, as the single-device kernels
 merge their vocab splits (fwd.py). Backward is the single-device backward restricted to this rank's columns,
-with the global lse and entropy: d_weight and d_bias stay local, d_hidden is all-reduced (summed).
+with the global lse and entropy: d_weight and d_bias stay local, d_hidden is all-reduced (summed). The final
+logits are §8's, z = softcap(h·W + b) / τ: the cap is elementwise, so each rank caps its own columns, and a
+per-token τ divides each row (the Triton kernels' row scale).
 Per-rank memory is O(N + chunk · V_r); nothing of size N · V is built or sent.
 
 Locally, targets are renumbered: an owned target y becomes y − lo_r, a target owned elsewhere becomes
@@ -21,8 +23,10 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from .chunked import _live_rows, _tile, chunk_rows, chunked_backward, no_autocast
+from ..logits import logit_tile, no_autocast
+from .chunked import chunk_rows
 from .params import LogprobParams
+from .sampled import sampled_backward
 
 __all__ = ["resolve_shard", "shard_layout", "token_logprobs_vocab_parallel"]
 
@@ -47,7 +51,13 @@ def local_targets(targets: torch.Tensor, lo: int, rows: int, ignore_index: int) 
     return torch.where(valid, loc, torch.full_like(targets, -1)).long()
 
 
-def _partials_torch(hidden, weight, loc, bias, params: LogprobParams):
+def _live_rows(hidden, valid, sl):
+    # Ignored rows are often padding whose hidden state may be inf/NaN: zero them (a [C, D] copy, small next to
+    # the [C, V] tile) so no 0·NaN reaches the statistics
+    return torch.where(valid[sl].unsqueeze(-1), hidden[sl], 0.0)
+
+
+def _partials_torch(hidden, weight, loc, bias, tau, params: LogprobParams):
     # (m, s, t or None, target logit) per token over this shard's columns, in [C, V_r] tiles
     n, dev = hidden.shape[0], hidden.device
     m = torch.full((n,), _M_INIT, dtype=torch.float32, device=dev)
@@ -62,7 +72,8 @@ def _partials_torch(hidden, weight, loc, bias, params: LogprobParams):
     step = chunk_rows(rows)
     for start in range(0, n, step):
         sl = slice(start, min(n, start + step))
-        z = _tile(_live_rows(hidden, valid, sl), weight, bias, params.temperature)
+        tau_c = tau[sl] if isinstance(tau, torch.Tensor) else tau
+        z = logit_tile(_live_rows(hidden, valid, sl), weight, bias, softcap=params.softcap, tau=tau_c)
         c_m = z.amax(-1)
         m[sl] = c_m
         z_target[sl] = torch.where(owned[sl], z.gather(-1, safe[sl].unsqueeze(-1)).squeeze(-1), 0.0)
@@ -74,12 +85,16 @@ def _partials_torch(hidden, weight, loc, bias, params: LogprobParams):
     return m, s, t, z_target
 
 
-def _partials_triton(hidden, weight, loc, bias, params: LogprobParams):
+def _row_scale(tau):
+    return tau.reciprocal() if isinstance(tau, torch.Tensor) else None  # with params.temperature = 1
+
+
+def _partials_triton(hidden, weight, loc, bias, tau, params: LogprobParams):
     from .fwd import logprob_partials
 
     if weight.shape[0] == 0 or hidden.shape[0] == 0:
-        return _partials_torch(hidden, weight, loc, bias, params)
-    part_m, part_s, part_t, z_target = logprob_partials(hidden, weight, loc, bias, params)
+        return _partials_torch(hidden, weight, loc, bias, tau, params)
+    part_m, part_s, part_t, z_target = logprob_partials(hidden, weight, loc, bias, params, row_scale=_row_scale(tau))
     # fold the kernel's vocab splits into one partial per token, as `merge_partials` does
     m = part_m.amax(0)
     scale = torch.exp(part_m - m)
@@ -104,21 +119,21 @@ def _combine(m, s, t, z_target, valid, group):
     return logp, lse, entropy
 
 
-def _forward(hidden, weight, targets, bias, params, group, impl, lo):
+def _forward(hidden, weight, targets, bias, tau, params, group, impl, lo):
     loc = local_targets(targets, lo, weight.shape[0], params.ignore_index)
     local = dataclasses.replace(params, ignore_index=-1)
     partials = _partials_triton if impl == "triton" else _partials_torch
     with no_autocast(hidden):
-        m, s, t, z_target = partials(hidden, weight, loc, bias, local)
+        m, s, t, z_target = partials(hidden, weight, loc, bias, tau, local)
         logp, lse, entropy = _combine(m, s, t, z_target, loc >= 0, group)
     return logp, lse, entropy, loc, local
 
 
 class VocabParallelLogprobFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, bias, params: LogprobParams, group, impl: str, lo: int):
-        logp, lse, entropy, loc, local = _forward(hidden, weight, targets, bias, params, group, impl, lo)
-        ctx.params, ctx.group, ctx.impl = local, group, impl
+    def forward(ctx, hidden, weight, targets, bias, tau, params: LogprobParams, group, impl: str, lo: int):
+        logp, lse, entropy, loc, local = _forward(hidden, weight, targets, bias, tau, params, group, impl, lo)
+        ctx.params, ctx.group, ctx.impl, ctx.tau = local, group, impl, tau
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(hidden, weight, loc, bias, lse, entropy)
         return logp if entropy is None else (logp, entropy)
@@ -139,21 +154,23 @@ class VocabParallelLogprobFunction(torch.autograd.Function):
 
             d_hidden, d_weight, d_bias = logprob_backward(
                 hidden, weight, loc, bias, lse, entropy, grad_logp, grad_entropy, ctx.params,
-                (need_h, need_w, need_b),
+                (need_h, need_w, need_b), row_scale=_row_scale(ctx.tau),
             )  # fmt: skip
         else:
+            # §8's backward with nothing dropped (θ = −inf): it takes the cap and a per-row τ; the global lse whole
+            minus_inf = torch.full_like(lse, float("-inf"))
+            stats = torch.stack([lse, torch.zeros_like(lse), torch.zeros_like(lse) if entropy is None else entropy,
+                                 minus_inf])  # fmt: skip
             with no_autocast(hidden):
-                # the chunked backward takes the forward's (row max, log-sum) pair; the global lse is whole
-                lse_pair = (lse, torch.zeros_like(lse))
-                d_hidden, d_weight, d_bias = chunked_backward(
-                    hidden, weight, loc, bias, lse_pair, entropy, grad_logp, grad_entropy, ctx.params,
-                    (need_h, need_w, False, need_b),
+                d_hidden, d_weight, d_bias = sampled_backward(
+                    hidden, weight, loc, bias, ctx.tau, stats, grad_logp, grad_entropy, ctx.params,
+                    (need_h, need_w, need_b),
                 )  # fmt: skip
         if need_h:
             # every rank must join the all-reduce, whichever gradients it formed
             d_hidden = torch.zeros_like(hidden) if d_hidden is None else d_hidden
             dist.all_reduce(d_hidden, group=ctx.group)
-        return d_hidden, d_weight, None, d_bias, None, None, None, None
+        return d_hidden, d_weight, None, d_bias, None, None, None, None, None
 
 
 def resolve_shard(weight, bias, process_group):
@@ -182,13 +199,14 @@ def resolve_shard(weight, bias, process_group):
     return weight, bias, process_group
 
 
-def token_logprobs_vocab_parallel(hidden, weight, targets, bias, params: LogprobParams, group, impl: str, lo: int):
-    """`[N, D]`, this rank's `[V_r, D]` rows from row `lo`, `[N]` full-vocabulary ids, `[V_r]` | None.
+def token_logprobs_vocab_parallel(hidden, weight, targets, bias, tau, params: LogprobParams, group, impl: str, lo: int):
+    """`[N, D]`, this rank's `[V_r, D]` rows from row `lo`, `[N]` full-vocabulary ids, `[V_r]` | None; tau a float
+    (then params.temperature) or `[N]` float32, params.softcap the cap.
 
     Returns logp `[N]` and entropy `[N]` (or None), float32, equal on every rank of `group`.
     """
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
-        logp, _, entropy, _, _ = _forward(hidden, weight, targets, bias, params, group, impl, lo)
+        logp, _, entropy, _, _ = _forward(hidden, weight, targets, bias, tau, params, group, impl, lo)
         return logp, entropy
-    out = VocabParallelLogprobFunction.apply(hidden, weight, targets, bias, params, group, impl, lo)
+    out = VocabParallelLogprobFunction.apply(hidden, weight, targets, bias, tau, params, group, impl, lo)
     return (out, None) if isinstance(out, torch.Tensor) else out

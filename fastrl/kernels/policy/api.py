@@ -2,10 +2,20 @@
 
 import torch
 
-from ..dispatch import policy_rows_impl, resolve_impl
+from ..dispatch import resolve_impl
+from .naive import policy_rows_torch
 from .params import PolicyLossParams
 
-__all__ = ["policy_rows"]
+__all__ = ["policy_rows", "policy_rows_impl"]
+
+
+def policy_rows_impl(impl: str):
+    """The per-token policy-loss function (row_loss, stats) of a resolved `impl` ("triton" or "torch")."""
+    if impl == "triton":
+        from .function import policy_rows_triton
+
+        return policy_rows_triton
+    return policy_rows_torch
 
 
 def policy_rows(

@@ -1,6 +1,7 @@
 """Rollouts: sample G completions per prompt with the Hugging Face engine or a colocated vLLM engine.
 
-`engine.py` holds the interface (`Completion`, `RolloutEngine`) and prompt building, `hf_engine.py` the
+`engine.py` holds the interface (`Completion`, `RolloutEngine`) and prompt building, `base.py` what both engines
+are built from (`SamplingEngine(model, tokenizer, config)`: the config's sampler settings), `hf_engine.py` the
 `model.generate` engine, `vllm_engine.py` the vLLM one (imported only when chosen), `thinking.py` the
 thinking budget both engines apply.
 """
@@ -9,6 +10,7 @@ import importlib.util
 
 import torch
 
+from .base import SamplingEngine
 from .engine import Completion, RolloutEngine, build_prompt
 from .hf_engine import HFEngine, trim_completion
 from .thinking import ThinkingBudget, budget_cut, thinking_budget_of
@@ -17,6 +19,7 @@ __all__ = [
     "Completion",
     "HFEngine",
     "RolloutEngine",
+    "SamplingEngine",
     "ThinkingBudget",
     "budget_cut",
     "build_prompt",
@@ -48,9 +51,7 @@ def make_engine(name: str, model, tokenizer, config) -> RolloutEngine:
     if name == "vllm":
         from .vllm_engine import VLLMEngine
 
-        return VLLMEngine(config, tokenizer, model)
+        return VLLMEngine(model, tokenizer, config)
     if name == "hf":
-        return HFEngine(model, tokenizer, config.max_completion_length, config.temperature, config.top_p,
-                        config.top_k, config.min_p, config.min_completion_length,
-                        thinking_budget_of(config, tokenizer))  # fmt: skip
+        return HFEngine(model, tokenizer, config)
     raise ValueError(f"unknown rollout engine {name!r}; use 'auto', 'hf' or 'vllm'")

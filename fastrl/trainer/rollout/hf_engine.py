@@ -3,8 +3,9 @@
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-from .engine import Completion, end_token_ids
-from .thinking import Request, Sampled, ThinkingBudget, sample_with_budget
+from .base import SamplingEngine
+from .engine import Completion
+from .thinking import Request, Sampled, sample_with_budget
 
 
 def trim_completion(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
@@ -40,44 +41,31 @@ class _RowLimit(StoppingCriteria):
         return input_ids.shape[1] - self.width >= self.limits.to(input_ids.device)
 
 
-class HFEngine:
+class HFEngine(SamplingEngine):
     """Sampling with `model.generate` on the training model itself (CPU, or GPU without vLLM).
 
     Prompts are left-padded; the model computes positions from the attention mask, so a padded prompt
     samples exactly like an unpadded one. With a thinking budget (`thinking.py`) it samples in rounds.
     """
 
-    def __init__(
-        self,
-        model,
-        tokenizer,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        min_new_tokens: int = 0,
-        thinking: ThinkingBudget | None = None,
-    ):
-        self.model, self.tokenizer = model, tokenizer
-        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
-        if min_p > 0 and top_p < 1:
+    def __init__(self, model, tokenizer, config):
+        super().__init__(model, tokenizer, config)
+        self.model = model
+        if self.min_p > 0 and self.top_p < 1:
             # transformers applies min-p after top-p, vLLM (whose order the loss follows) before it
-            raise ValueError(f"the hf engine samples min_p={min_p} after top_p={top_p}, unlike vLLM and the loss: "
-                             "use one of them, or the vllm engine")  # fmt: skip
-        self.min_new_tokens, self.thinking = min_new_tokens, thinking
+            raise ValueError(f"the hf engine samples min_p={self.min_p} after top_p={self.top_p}, unlike vLLM and the "
+                             "loss: use one of them, or the vllm engine")  # fmt: skip
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.eos_ids = end_token_ids(model, tokenizer)
         # Our own config, swapped in during generate: transformers fills "unset" fields of a passed config
         # from model.generation_config, so a model default (top_k, repetition_penalty, ...) would otherwise
         # change the sampling distribution away from the one the loss scores (softmax(logits / T), top-p).
         self.generation_config = GenerationConfig(
             do_sample=True,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p if min_p > 0 else None,
-            max_new_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p if self.min_p > 0 else None,
+            max_new_tokens=self.max_new_tokens,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_ids,
             return_dict_in_generate=True,

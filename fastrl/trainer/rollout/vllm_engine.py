@@ -29,8 +29,9 @@ import torch
 
 from ..fsdp import full_state_items, is_sharded
 from ..validate import ConfigError
-from .engine import Completion, end_token_ids
-from .thinking import Request, Sampled, sample_with_budget, thinking_budget_of
+from .base import SamplingEngine
+from .engine import Completion
+from .thinking import Request, Sampled, sample_with_budget
 
 
 def vllm_dtype(config, model) -> str:
@@ -78,14 +79,15 @@ def _trainer_state_kept():
     torch.set_num_threads(threads)
 
 
-class VLLMEngine:
-    def __init__(self, config, tokenizer, model):
+class VLLMEngine(SamplingEngine):
+    def __init__(self, model, tokenizer, config):
+        super().__init__(model, tokenizer, config)
         # The weights are handed to the engine's model by reference: it must live in this process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM, SamplingParams
         from vllm.platforms import current_platform
 
-        self.tokenizer, self._params = tokenizer, SamplingParams
+        self._params = SamplingParams
         path = config.model
         if config.model == "tiny":  # in memory only: write it, with a fast tokenizer, where vLLM can load it
             from ..tiny.export import save_tiny
@@ -112,11 +114,6 @@ class VLLMEngine:
                 enforce_eager=config.vllm_enforce_eager,
                 **extra,
             )
-        self.stop_ids = end_token_ids(model, tokenizer)  # the HF engine's end tokens
-        self.max_new_tokens, self.min_new_tokens = config.max_completion_length, config.min_completion_length
-        self.temperature, self.top_p = config.temperature, config.top_p
-        self.top_k, self.min_p = config.top_k, config.min_p
-        self.thinking = thinking_budget_of(config, tokenizer)
         self.asleep = False
 
     def generate(self, prompts: list[list[int]], n: int, want_logprobs: bool = False) -> list[Completion]:
@@ -129,7 +126,7 @@ class VLLMEngine:
         if self.thinking is not None:
             rounds = lambda requests: self._sample(requests, want_logprobs)  # noqa: E731
             result = sample_with_budget(prompts, n, self.thinking, self.max_new_tokens, self.min_new_tokens,
-                                        set(self.stop_ids), rounds, want_logprobs)  # fmt: skip
+                                        set(self.eos_ids), rounds, want_logprobs)  # fmt: skip
         else:
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts],
                                      self._sampling(n, self.max_new_tokens, self.min_new_tokens, want_logprobs),
@@ -155,7 +152,7 @@ class VLLMEngine:
             max_tokens=max_new,
             min_tokens=min(min_new, max_new),  # end tokens suppressed before it (a forced length)
             logprobs=0 if want_logprobs else None,  # 0: only the sampled token's log-prob
-            stop_token_ids=self.stop_ids,
+            stop_token_ids=self.eos_ids,
             detokenize=False,  # the trainer decodes with its own tokenizer
         )
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fastrl
+from fastrl.kernels.logprobs import bwd, fwd
 from fastrl.kernels.logprobs.naive import sampled_logprobs_reference
 from fastrl.kernels.logprobs.params import LogprobParams
 from fastrl.kernels.logprobs.sampled import sampled_forward
@@ -72,17 +73,34 @@ def rel_err(x, ref):
     return ((x.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-12)).item()
 
 
+def spy_triton(monkeypatch) -> dict:
+    """Count the Triton forward and ∂z launches: an impl="triton" test must reach them, not fall back to torch."""
+    calls = {"fwd": 0, "bwd": 0}
+    for module, name, key in ((fwd, "logprob_partials", "fwd"), (bwd, "logprob_backward", "bwd")):
+        real = getattr(module, name)
+
+        def counted(*args, _real=real, _key=key, **kwargs):
+            calls[_key] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 @pytest.mark.parametrize("per_token", [False, True], ids=["tau-scalar", "tau-per-token"])
 @pytest.mark.parametrize("name", list(OPTIONS))
 @pytest.mark.parametrize("impl", IMPLS)
-def test_matches_float64_no_worse_than_eager(impl, name, per_token):
+def test_matches_float64_no_worse_than_eager(monkeypatch, impl, name, per_token):
     opts = OPTIONS[name]
+    calls = spy_triton(monkeypatch)
     hidden, weight, bias, targets = make_inputs()
     tau = torch.rand(N) + 0.5 if per_token else 0.7
     g, e = torch.randn(N), torch.randn(N)
     truth, kept = reference(hidden, weight, bias, targets, tau, opts, torch.float64, g, e)
     eager, _ = reference(hidden, weight, bias, targets, tau, opts, torch.float32, g, e)
     got = run(impl, hidden, weight, bias, targets, tau, opts, g, e)
+    # per-token τ with a bias (and a cap) runs the Triton kernels, forward and backward, when asked for
+    assert calls == ({"fwd": 1, "bwd": 1} if impl == "triton" else {"fwd": 0, "bwd": 0}), calls
     assert set(got) == set(truth)
     for key, ref in truth.items():
         assert torch.isfinite(got[key]).all(), key

@@ -1,0 +1,68 @@
+"""The `slow` marker, enforced by what a test does rather than by how long it took.
+
+`pytest -m "not slow"` is the edit loop, so a test that starts another process (a subprocess, torchrun, a second
+rank, a `multiprocessing` child, a venv build) must carry `@pytest.mark.slow`. While a test that does not carry it
+runs (its fixtures' setup included), every such start is recorded; a recorded start fails the test with the
+command it ran. The check covers every collected test path (tests/ and bench/).
+"""
+
+import contextlib
+import multiprocessing.process
+import subprocess
+import venv
+
+import pytest
+
+_SLOW_REASON = "starts another process but is not marked slow: add @pytest.mark.slow"
+
+
+@contextlib.contextmanager
+def recording_process_starts(started: list):
+    """Append a description of each process start (Popen, multiprocessing, venv) to `started` while inside."""
+    popen_init = subprocess.Popen.__init__
+    process_start = multiprocessing.process.BaseProcess.start
+    venv_create = venv.EnvBuilder.create
+
+    def popen(self, args, *a, **kw):
+        started.append(f"subprocess {args if isinstance(args, str) else ' '.join(map(str, args))}"[:300])
+        return popen_init(self, args, *a, **kw)
+
+    def start(self):
+        started.append(f"multiprocessing child {self.name}")
+        return process_start(self)
+
+    def create(self, env_dir):
+        started.append(f"venv {env_dir}")
+        return venv_create(self, env_dir)
+
+    subprocess.Popen.__init__ = popen
+    multiprocessing.process.BaseProcess.start = start
+    venv.EnvBuilder.create = create
+    try:
+        yield started
+    finally:
+        subprocess.Popen.__init__ = popen_init
+        multiprocessing.process.BaseProcess.start = process_start
+        venv.EnvBuilder.create = venv_create
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.get_closest_marker("slow") is not None:
+        return (yield)
+    item.stash[_STARTS] = []
+    with recording_process_starts(item.stash[_STARTS]):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    starts = item.stash.get(_STARTS, None)
+    if starts and report.when == "call" and report.passed:
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid} {_SLOW_REASON}; it started: {starts[0]}"
+    return report
+
+
+_STARTS = pytest.StashKey[list]()
