@@ -211,3 +211,17 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
+
+
+def test_gpu_weight_transfer_is_vllms_nccl_engine():
+    """Off a GPU only the wiring: vLLM's nccl trainer engine takes the init info WeightPush builds."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+    info = NCCLTrainerInitInfo(rank=0, master_address="127.0.0.1", master_port=29555, world_size=2)
+    assert info.backend == "nccl" and info.is_sender
+    assert WeightTransferTrainerFactory._registry["nccl"]().__name__ == "NCCLTrainerWeightTransferEngine"
+    with pytest.raises(ValueError, match="nccl="):
+        WeightPush(None, None, backend="nccl")
+    with pytest.raises(ValueError, match="unknown weight-transfer backend"):
+        WeightPush(None, None, backend="ipc")
