@@ -25,6 +25,8 @@ from bench.harness import Result, Settings, ShapeCache, environment, load_averag
 from bench.plant import planted_lines, planted_slowdown
 
 OPS = ("token_logprobs", "grpo_loss")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")

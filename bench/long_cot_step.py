@@ -19,15 +19,23 @@ Providers, each in a fresh interpreter:
                their gradient (2·N·V·4 bytes) exceed the memory available, which is printed instead
 
 Each provider runs one warm-up step (at `--warmup-length` completion tokens if given: the same code, a shorter
-batch; with the learning rate at 0, so the weights stay the saved ones), then `--steps` timed steps. The
-clipped gradients of the first timed step, taken just before its optimizer step, are written out (untimed)
-and compared with stock TRL's: relative L2 over every parameter ≤ 1e-4, else FAIL and no figures.
+batch; with the learning rate at 0, so the weights stay the saved ones), scores the warm-up batch's completion
+tokens with its own log-prob code (untimed), then runs `--steps` timed steps. The clipped gradients of the first
+timed step, taken just before its optimizer step, are written out (untimed).
+
+Checked first, against the reference provider (stock TRL; eager when TRL is not installed, said loudly): the
+gradients (relative L2 over every parameter ≤ 1e-4) and the per-token log-probs (largest absolute difference
+≤ 1e-4), both of which depend on the model (the on-policy loss does not: it is −mean(advantages) for any
+model). The reference runs first; each other row is printed and written (`--out`) only after its check, and a
+row that fails it, or has no reference to be checked against, keeps no figures. The exit status is 1 when any
+provider asked for did not run and pass (eager skipped for memory excepted).
 Reported: the median step time, the peak RSS over the timed steps (the whole process: weights, AdamW state,
-activations) and how far it rose over the RSS before them, the loss. A watchdog stops a provider whose
-RSS passes `--max-rss-gib` (default: 85 % of the memory available at the start).
+activations) and how far it rose over the RSS before them. A watchdog stops a provider whose RSS passes
+`--max-rss-gib` (default: 85 % of the memory available at the start).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -38,9 +46,12 @@ import threading
 import time
 
 PROVIDERS = ("trl", "fastrl", "fastrl-trl", "eager")
+NEEDS_TRL = ("trl", "fastrl-trl")
+FIGURES = ("loss", "warmup_s", "times_s", "seconds", "peak_mib", "rise_mib")
 NAMES = {"fastrl": "fastrl trainer update", "fastrl-trl": "FastRLGRPOTrainer", "trl": "trl.GRPOTrainer",
          "eager": "eager (full logits)"}  # fmt: skip
-REL_TOL = 1e-4
+REL_TOL = 1e-4  # gradients of the first timed step: relative L2 over every parameter
+LOGP_TOL = 1e-4  # per-token log-probs of the warm-up batch: largest absolute difference
 LR = 1e-6
 
 
@@ -115,7 +126,7 @@ def fastrl_step(opts):
     from fastrl.trainer.batching import Sample
     from fastrl.trainer.build import build_model
     from fastrl.trainer.config import make_config
-    from fastrl.trainer.update import supports_packing, train_step
+    from fastrl.trainer.update import sequence_logprobs, supports_packing, train_step
 
     config = make_config(
         preset="math-32k", model=opts.model_dir, max_prompt_length=opts.prompt_length,
@@ -128,18 +139,25 @@ def fastrl_step(opts):
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, config.adam_beta2)
     )
 
-    def step(length):
+    def samples(length):
         prompt, completions, advantages = batch(opts, length)
-        samples = [Sample(prompt.tolist(), c.tolist(), float(a)) for c, a in zip(completions, advantages)]
+        return [Sample(prompt.tolist(), c.tolist(), float(a)) for c, a in zip(completions, advantages)]
+
+    def score(length):  # the trainer's own scoring of the completion tokens
+        logp = sequence_logprobs(model, samples(length), config.max_tokens_per_microbatch, packed,
+                                 tokenizer.pad_token_id, config.loss.temperature, config.impl, bf16=False)  # fmt: skip
+        return torch.tensor(logp)
+
+    def step(length):
         model.train()
         out = train_step(
-            model, optimizer, samples, config.loss, budget=config.max_tokens_per_microbatch, packed=packed,
+            model, optimizer, samples(length), config.loss, budget=config.max_tokens_per_microbatch, packed=packed,
             pad_id=tokenizer.pad_token_id, max_grad_norm=config.max_grad_norm, impl=config.impl, bf16=config.bf16,
             log_entropy=config.log_entropy,
         )  # fmt: skip
         return out["loss"]
 
-    return model, optimizer, step
+    return model, optimizer, step, score
 
 
 def trl_step(opts, fastrl: bool, workdir: str):
@@ -164,6 +182,13 @@ def trl_step(opts, fastrl: bool, workdir: str):
     optimizer = trainer.create_optimizer()
     params = [p for p in trainer.model.parameters() if p.requires_grad]
 
+    def score(length):  # the trainer's own per-token log-probs (FastRLGRPOTrainer: fastrl's fused head)
+        prompt, completions, _ = batch(opts, length)
+        ids = torch.cat([prompt.expand(opts.group, -1), completions], dim=1)
+        with torch.no_grad():
+            logp = trainer._get_per_token_logps_and_entropies(trainer.model, ids, torch.ones_like(ids), length)[0]
+        return logp.float()
+
     def step(length):
         prompt, completions, advantages = batch(opts, length)
         mask = torch.ones_like(completions)
@@ -181,7 +206,7 @@ def trl_step(opts, fastrl: bool, workdir: str):
         optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    return trainer.model, optimizer, step
+    return trainer.model, optimizer, step, score
 
 
 def eager_step(opts):
@@ -191,14 +216,20 @@ def eager_step(opts):
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    def step(length):
-        prompt, completions, advantages = batch(opts, length)
+    def logprobs(length):
+        prompt, completions, _ = batch(opts, length)
         input_ids = torch.cat([prompt.expand(opts.group, -1), completions], dim=1)
-        adv = advantages.unsqueeze(1)
-        model.train()
         logits = model(input_ids=input_ids, logits_to_keep=length + 1, use_cache=False).logits
-        logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)
-        del logits
+        return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)
+
+    def score(length):
+        with torch.no_grad():
+            return logprobs(length)
+
+    def step(length):
+        adv = batch(opts, length)[2].unsqueeze(1)
+        model.train()
+        logp = logprobs(length)
         ratio = torch.exp(logp - logp.detach())
         loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()  # every token is a completion token
         loss.backward()
@@ -207,7 +238,7 @@ def eager_step(opts):
         optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    return model, optimizer, step
+    return model, optimizer, step, score
 
 
 def child(opts) -> dict:
@@ -217,11 +248,11 @@ def child(opts) -> dict:
 
     with tempfile.TemporaryDirectory() as workdir:
         if opts.child == "fastrl":
-            model, optimizer, step = fastrl_step(opts)
+            model, optimizer, step, score = fastrl_step(opts)
         elif opts.child == "eager":
-            model, optimizer, step = eager_step(opts)
+            model, optimizer, step, score = eager_step(opts)
         else:
-            model, optimizer, step = trl_step(opts, opts.child == "fastrl-trl", workdir)
+            model, optimizer, step, score = trl_step(opts, opts.child == "fastrl-trl", workdir)
         names = {p: n for n, p in model.named_parameters()}
         lrs = [g["lr"] for g in optimizer.param_groups]
         for g in optimizer.param_groups:  # the warm-up step leaves the weights as they are: every provider's
@@ -231,6 +262,8 @@ def child(opts) -> dict:
         warmup_s = time.perf_counter() - start
         for g, lr in zip(optimizer.param_groups, lrs):
             g["lr"] = lr
+        # the per-token log-probs of the warm-up batch under the saved weights, by the provider's own code (untimed)
+        torch.save(score(opts.warmup_length or opts.completion_length), logp_path(opts.grads_out))
         saving = []
 
         def save(opt, *_):  # the clipped gradients the first timed step applies, written out (no copy), untimed
@@ -278,8 +311,8 @@ def run_provider(name: str, opts, grads_out: str) -> dict:
         need = 2 * opts.group * (opts.completion_length + 1) * opts.vocab * 4
         avail = _meminfo_bytes("MemAvailable")
         if need > 0.85 * avail:
-            return dict(provider=name, status=f"not run: logits + their gradient need {need / 2**30:.1f} GiB, "
-                        f"{avail / 2**30:.1f} GiB available")  # fmt: skip
+            return dict(provider=name, skipped=True, status=f"not run: logits + their gradient need "
+                        f"{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available")  # fmt: skip
     cmd = [sys.executable, "-m", "bench.long_cot_step", "--child", name, "--grads-out", grads_out]
     cmd += [f"--{k.replace('_', '-')}={getattr(opts, k)}" for k in _SHAPE_FLAGS]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
@@ -301,47 +334,81 @@ def run_provider(name: str, opts, grads_out: str) -> dict:
     return dict(row, **json.loads(out.strip().splitlines()[-1]), status="ok")
 
 
-def check_gradients(rows: list, paths: dict) -> None:
-    """Each provider's gradients and loss of its first timed step against stock TRL's; FAIL drops the figures."""
+def logp_path(grads_out: str) -> str:
+    return grads_out + ".logp"
+
+
+def trl_installed() -> bool:
+    return importlib.util.find_spec("trl") is not None
+
+
+def reference_of(names: list, trl_ok: bool) -> str | None:
+    """The provider every other one is checked against: stock TRL, else eager (full logits, float32)."""
+    return "trl" if "trl" in names and trl_ok else ("eager" if "eager" in names else None)
+
+
+def _fail(row: dict, status: str) -> None:
+    row["status"] = status
+    for key in FIGURES:  # a provider that did not pass its check has no figures
+        row.pop(key, None)
+
+
+def check(row: dict, ref: dict | None, paths: dict) -> None:
+    """`row`'s gradients of its first timed step and its per-token log-probs of the warm-up batch against the
+    reference provider's; a mismatch, or no reference to check against, drops the row's figures."""
     import torch
 
-    trl = next((r for r in rows if r["provider"] == "trl" and r["status"] == "ok"), None)
-    if trl is None or "trl" not in paths:
+    if row["status"] != "ok":
         return
-    ref = torch.load(paths["trl"])
-    for row in rows:
-        if row["status"] != "ok":
-            continue
-        got = torch.load(paths[row["provider"]])
-        missing = sorted(set(ref) ^ set(got))
-        if missing:
-            row.update(status=f"FAIL: gradients differ in which parameters have one ({missing[:3]})")
-            continue
-        row["grad_rel"] = max(_rel(g, got[n]) for n, g in ref.items())
-        row["loss_diff"] = abs(trl["loss"] - row["loss"])
-        if not row["grad_rel"] <= REL_TOL or row["loss_diff"] > 1e-5 * max(1.0, abs(trl["loss"])):
-            row["status"] = "FAIL"
+    if ref is None or ref["status"] != "ok":
+        why = (
+            "no reference provider (trl or eager) in --providers"
+            if ref is None
+            else f"{ref['provider']} {ref['status']}"
+        )
+        return _fail(row, f"UNCHECKED: no reference to check against ({why})")
+    name, against = row["provider"], ref["provider"]
+    want, got = torch.load(paths[against]), torch.load(paths[name])
+    if set(want) != set(got):
+        return _fail(row, f"FAIL: gradients differ from {against}'s in which parameters have one "
+                          f"({sorted(set(want) ^ set(got))[:3]})")  # fmt: skip
+    row["grad_rel"] = max(_rel(g, got[n]) for n, g in want.items())
+    want_lp, got_lp = torch.load(logp_path(paths[against])), torch.load(logp_path(paths[name]))
+    if want_lp.shape != got_lp.shape:
+        return _fail(row, f"FAIL: log-probs of shape {tuple(got_lp.shape)}, {against}'s {tuple(want_lp.shape)}")
+    row["logp_diff"] = (got_lp.double() - want_lp.double()).abs().max().item()
+    row["checked"] = against
+    if not (row["grad_rel"] <= REL_TOL and row["logp_diff"] <= LOGP_TOL):  # NaN fails too
+        _fail(row, f"FAIL against {against}: gradient rel L2 {row['grad_rel']:.1e} (≤ {REL_TOL:g}), log-prob "
+                   f"max |Δ| {row['logp_diff']:.1e} (≤ {LOGP_TOL:g})")  # fmt: skip
 
 
-def table(rows: list, opts) -> str:
-    trl = next((r for r in rows if r["provider"] == "trl" and r["status"] == "ok"), None)
+def failed(rows: list) -> list:
+    """The providers asked for that did not run and pass their check (eager skipped for memory excepted)."""
+    return [r["provider"] for r in rows if r["status"] != "ok" and not r.get("skipped")]
+
+
+def table(rows: list, opts, ref: str | None) -> str:
+    base = next((r for r in rows if r["provider"] == ref and r["status"] == "ok"), None)
     lines = [
         f"**GRPO step, G = {opts.group} × ({opts.prompt_length} + {opts.completion_length}) tokens, "
-        f"{opts.layers} layers, D = {opts.hidden}, V = {opts.vocab}, fp32, CPU, {opts.steps} timed steps**",
+        f"{opts.layers} layers, D = {opts.hidden}, V = {opts.vocab}, fp32, CPU, {opts.steps} timed steps; "
+        f"checked against {ref or 'nothing (no reference ran)'}**",
         "",
-        "| provider | status | step s (median) | × trl time | peak RSS MiB | × trl peak | RSS rise MiB | loss "
-        "| grad rel L2 |",
+        f"| provider | status | step s (median) | × {ref} time | peak RSS MiB | × {ref} peak | RSS rise MiB "
+        "| grad rel L2 | log-prob max abs diff |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ok = r["status"] == "ok"
         cell = lambda key, fmt: fmt.format(r[key]) if ok and key in r else "—"  # noqa: E731
-        xt = f"{r['seconds'] / trl['seconds']:.2f}" if ok and trl else "—"
-        xm = f"{r['peak_mib'] / trl['peak_mib']:.2f}" if ok and trl else "—"
+        xt = f"{r['seconds'] / base['seconds']:.2f}" if ok and base else "—"
+        xm = f"{r['peak_mib'] / base['peak_mib']:.2f}" if ok and base else "—"
+        reference = "reference" if r["provider"] == ref and ok else None
         lines.append(
             f"| {NAMES[r['provider']]} | {r['status']} | {cell('seconds', '{:.1f}')} | {xt} | "
-            f"{cell('peak_mib', '{:.0f}')} | {xm} | {cell('rise_mib', '{:.0f}')} | {cell('loss', '{:.6f}')} | "
-            f"{cell('grad_rel', '{:.1e}')} |"
+            f"{cell('peak_mib', '{:.0f}')} | {xm} | {cell('rise_mib', '{:.0f}')} | "
+            f"{reference or cell('grad_rel', '{:.1e}')} | {reference or cell('logp_diff', '{:.1e}')} |"
         )
     return "\n".join(lines)
 
@@ -387,33 +454,53 @@ def parse(argv=None):
     return opts
 
 
-def _write(path, rows: list) -> None:
+def _write(path, rows: list, notes: list) -> None:
     if path:
         with open(path, "w") as f:
-            json.dump({"argv": sys.argv[1:], "load_end": os.getloadavg(), "rows": rows}, f, indent=1)
+            json.dump({"argv": sys.argv[1:], "load_end": os.getloadavg(), "notes": notes, "rows": rows}, f, indent=1)
+
+
+def _loud(line: str) -> None:
+    print(f"\n*** {line}\n", file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> list:
+    """The checked rows, in run order (the reference first); each is printed and written only once checked."""
     opts = parse(argv)
     if opts.child:
         print(json.dumps(child(opts)))
         return []
     opts.max_rss_bytes = int((opts.max_rss_gib or 0.85 * _meminfo_bytes("MemAvailable") / 2**30) * 2**30)
+    names, trl_ok = opts.providers.split(","), trl_installed()
+    ref = reference_of(names, trl_ok)
+    notes = []
+    if not trl_ok:
+        need = [n for n in names if n in NEEDS_TRL]
+        notes.append(f"TRL IS NOT INSTALLED: not run: {', '.join(need) or 'nothing'}; not checked against stock "
+                     "TRL: " + (", ".join(n for n in names if n not in NEEDS_TRL and n != ref) or "nothing") + "; "
+                     + (f"checked against {ref} instead" if ref else "NOTHING CHECKED: no figures"))  # fmt: skip
+        _loud(notes[-1])
     rows, paths = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         opts.model_dir = os.path.join(tmp, "model")
         save_model(opts, opts.model_dir)
-        for name in opts.providers.split(","):
+        for name in sorted(names, key=lambda n: n != ref):  # the reference first, so each row is checked at once
             paths[name] = os.path.join(tmp, f"{name}.pt")
-            rows.append(run_provider(name, opts, paths[name]))
-            print(json.dumps(rows[-1]), flush=True)
-            _write(opts.out, rows)  # a long run keeps what finished
-        check_gradients(rows, {k: v for k, v in paths.items() if os.path.exists(v)})
-    _write(opts.out, rows)
+            if name in NEEDS_TRL and not trl_ok:
+                row = dict(provider=name, status="not run: trl is not installed")
+            else:
+                row = run_provider(name, opts, paths[name])
+            if name != ref:
+                check(row, next((r for r in rows if r["provider"] == ref), None), paths)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            _write(opts.out, rows, notes)  # a long run keeps what finished
     print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
-    print(table(rows, opts))
+    print(table(rows, opts, ref))
+    for line in notes + ([f"FAILED: {', '.join(failed(rows))}: no figures (see status)"] if failed(rows) else []):
+        _loud(line)
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(1 if failed(main()) else 0)

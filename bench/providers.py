@@ -32,6 +32,7 @@ class Provider:
     compiles: bool = False  # the first call compiles: warm up at the full shape before measuring memory
     floor: bool = False  # a lower bound to time (no correct outputs): not checked against the reference
     recomputes: bool = False  # recomputes the logits; recompute-floor binds it by this flag when memory is unmeasured
+    all_rows: bool = False  # scores every row, the ignored ones too: more work than the live rows fastrl scores
 
 
 def always(device: torch.device) -> str | None:
@@ -124,7 +125,9 @@ TOKEN_LOGPROBS_PROVIDERS = {
     "cce": Provider("cce", on_live_rows(cce_token_logprobs), package_unavailable("cut_cross_entropy", False), True),
     "torch-lce": Provider("torch-lce", on_live_rows(torch_lce_token_logprobs), always, recomputes=True),
     "trl": Provider("trl", on_live_rows(trl_token_logprobs), package_unavailable("trl", False), recomputes=True),
-    "trl-all-rows": Provider("trl-all-rows", trl_token_logprobs, package_unavailable("trl", False), recomputes=True),
+    "trl-all-rows": Provider(
+        "trl-all-rows", trl_token_logprobs, package_unavailable("trl", False), recomputes=True, all_rows=True
+    ),
     "blas-floor": Provider("blas-floor", on_live_rows(floor_token_logprobs), always, compiles=True, floor=True),
     "recompute-floor": Provider(
         "recompute-floor", on_live_rows(recompute_floor_token_logprobs), always, compiles=True, floor=True

@@ -87,8 +87,8 @@ GRPO_LOSS_PROVIDERS = {
     "fastrl-triton": Provider("fastrl-triton", fastrl_grpo_loss("triton"), _triton_unavailable, compiles=True),
     "fastrl-recompute": Provider("fastrl-recompute", fastrl_recompute_grpo_loss, always, recomputes=True),
     "trl": Provider("trl", trl_live_grpo_loss, _trl, recomputes=True),
-    "trl-all-rows": Provider("trl-all-rows", trl_grpo_loss, _trl, recomputes=True),
-    "liger": Provider("liger", liger_grpo_loss, _liger, True),
+    "trl-all-rows": Provider("trl-all-rows", trl_grpo_loss, _trl, recomputes=True, all_rows=True),
+    "liger": Provider("liger", liger_grpo_loss, _liger, True, all_rows=True),  # [B, T] in: every position scored
     "cce": Provider("cce", on_live_rows(cce_token_logprobs, "cce"), _cce, True),  # CPU: keeps the logits
     "torch-lce": Provider("torch-lce", on_live_rows(torch_lce_token_logprobs, "torch-lce"), always, recomputes=True),
     "blas-floor": Provider("blas-floor", floor_grpo_loss, always, compiles=True, floor=True),

@@ -123,11 +123,14 @@ def _passing_results(fastrl_ms: float, fastrl_loss_ms: float) -> list[Result]:
         _row("token_logprobs", "eager", 100.0, 1000.0, "ref"),
         _row("token_logprobs", "cce", 95.0, 200.0),  # lean: ≤ 1/4 of eager's memory
         _row("token_logprobs", "trl", 80.0, 900.0),  # faster but not lean: no target against it
+        _row("token_logprobs", "compile", 150.0, 1000.0),
+        _row("token_logprobs", "torch-lce", 150.0, 900.0),
         _row("token_logprobs", "fastrl-torch", fastrl_ms, 50.0),
         _row("token_logprobs", "blas-floor", 60.0, None, "floor"),
         _row("token_logprobs", "recompute-floor", 80.0, None, "floor"),
         _row("grpo_loss", "eager", 100.0, 1000.0, "ref", g),
         _row("grpo_loss", "cce", 90.0, 500.0, "ok", g),
+        *(_row("grpo_loss", p, 150.0, 500.0, "ok", g) for p in ("compile", "trl", "torch-lce")),
         _row("grpo_loss", "fastrl-torch", fastrl_loss_ms, 20.0, "ok", g),
         _row("grpo_loss", "blas-floor", 70.0, None, "floor", g),
     ]
@@ -144,6 +147,62 @@ def test_verdict_counts_failures_and_a_planted_slowdown_fails_it():
     rows = target_rows(slow)
     line = verdict_line(rows, floor_rows(slow))
     assert line.startswith("**verdict: FAIL**") and sum(r["verdict"] == "FAIL" for r in rows) >= 3, line
+
+
+def _verdict(results):
+    from bench.verdict import floor_rows, target_rows, verdict_line
+
+    rows = target_rows(results)
+    return rows, verdict_line(rows, floor_rows(results))
+
+
+def test_a_missing_lean_peer_is_reported_and_is_no_pass():
+    res = [r for r in _passing_results(82.0, 75.0) if (r.op, r.provider) != ("token_logprobs", "cce")]
+    res.append(Result("token_logprobs", "cce", "fwd+bwd", TINY, "fp32", "n/a", "cut_cross_entropy is not installed"))
+    rows, line = _verdict(res)
+    missing = [(r["op"], r["vs"], r["verdict"]) for r in rows if r["verdict"].startswith("MISSING")]
+    assert missing == [("token_logprobs", "cce", "MISSING (n/a: cut_cross_entropy is not installed)")], rows
+    assert not any("no such peer" in r["verdict"] for r in rows)
+    assert line.startswith("**verdict: INCOMPLETE**") and "1 peer missing (cce)" in line, line
+    # every peer of the op gone (not run at all): the lean-peers target itself is not measured, and fails
+    res = [r for r in res if r.op == "grpo_loss" or r.provider in ("fastrl-torch", "blas-floor", "recompute-floor")]
+    rows, line = _verdict(res)
+    lean = [
+        r for r in rows if r["op"] == "token_logprobs" and r.get("kind", "target") == "target" and "peer" in r["vs"]
+    ]
+    assert [r["verdict"] for r in lean] == ["not measured (fastrl-torch ok, MISSING: no live-row peer measured "
+                                            "missing)"], lean  # fmt: skip
+    gone = {r["vs"] for r in rows if r["op"] == "token_logprobs" and r["verdict"] == "MISSING (not run)"}
+    assert gone == {"eager", "compile", "cce", "torch-lce", "trl"}, gone
+    assert line.startswith("**verdict: FAIL**"), line
+
+
+def test_an_errored_peer_is_listed_with_its_reason():
+    g = dict(B=2, T=8, D=4, V=16)
+    res = [r for r in _passing_results(82.0, 75.0) if (r.op, r.provider) != ("grpo_loss", "trl")]
+    res.append(Result("grpo_loss", "trl", "fwd+bwd", g, "fp32", "error", "RuntimeError: kaput"))
+    rows, line = _verdict(res)
+    assert ("grpo_loss", "trl", "MISSING (error: RuntimeError: kaput)") in {
+        (r["op"], r["vs"], r["verdict"]) for r in rows
+    }, rows
+    assert line.startswith("**verdict: INCOMPLETE**"), line
+
+
+def test_an_all_rows_peer_is_labelled_and_kept_out_of_live_row_targets():
+    g = dict(B=2, T=8, D=4, V=16)
+    # faster than every live-row peer and lean: they would fail fastrl's targets if they were compared
+    res = _passing_results(82.0, 75.0) + [_row("grpo_loss", "liger", 80.0, 100.0, "ok", g),
+                                          _row("grpo_loss", "trl-all-rows", 85.0, 100.0, "ok", g),
+                                          _row("token_logprobs", "trl-all-rows", 81.0, 10.0)]  # fmt: skip
+    rows, line = _verdict(res)
+    targets = {(r["op"], r["vs"], r["verdict"]) for r in rows if r.get("kind", "target") == "target"}
+    assert ("grpo_loss", "fastest peer (cce)", "PASS") in targets, targets
+    assert not any("liger" in vs or "all-rows" in vs for _, vs, _ in targets), targets
+    labelled = {(r["op"], r["vs"]) for r in rows if r.get("kind") == "info"}
+    more = "(all rows: more work)"
+    assert labelled == {("grpo_loss", f"liger {more}"), ("grpo_loss", f"trl-all-rows {more}"),
+                        ("token_logprobs", f"trl-all-rows {more}")}, labelled  # fmt: skip
+    assert line.startswith("**verdict: PASS**"), line
 
 
 def test_a_candidate_beating_a_floor_is_an_error():
@@ -295,11 +354,36 @@ def test_a_target_below_the_candidates_own_floor_is_marked_unreachable():
     assert ("eager", "FAIL") in got, got
 
 
+LONG_CALL = ["--N", "4096", "--D", "8", "--V", "64"]
+
+
 def test_long_call_runs_both_ops_and_checks_them(capsys):
     from bench import long_call
 
-    long_call.main(["--N", "4096", "--D", "8", "--V", "64"])
+    assert long_call.main(LONG_CALL) == 0
     rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| token") or
             line.startswith("| grpo")]  # fmt: skip
     assert [r[1].strip() for r in rows] == ["token_logprobs", "grpo_loss"]
     assert all(float(r[4]) < 1e-5 for r in rows), rows  # worst relative error against the eager reference
+
+
+def test_long_call_fails_a_wrong_grpo_loss_gradient_and_drops_its_figures(capsys, monkeypatch):
+    import fastrl
+    from bench import long_call
+
+    class Doubled(torch.autograd.Function):  # the hidden states as they are, their gradient twice too large
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    right = fastrl.grpo_loss
+    monkeypatch.setattr(fastrl, "grpo_loss", lambda h, *args, **kw: right(Doubled.apply(h), *args, **kw))
+    assert long_call.main(LONG_CALL) == 1
+    captured = capsys.readouterr()
+    row = next(line for line in captured.out.splitlines() if line.startswith("| grpo_loss"))
+    assert row.split("|")[2].strip() == "FAIL" and "| — |" in row, row  # the loss value is right: the gradient fails
+    assert "FAILED: grpo_loss" in captured.err

@@ -7,6 +7,12 @@ binds every provider; `recompute-floor` the ones that must recompute the logits 
 memory below half the live rows' float32 logits, or, unmeasured, the provider's `recomputes` flag). A
 target whose rows were not measured counts as a failure too, so the verdict passes only when every target
 was measured and met.
+
+Every target is a live-row target: fastrl scores the live rows only, so the peers it is compared with are the
+ones that score the live rows too. A peer that scores every row (`all_rows`: Liger's `[B, T]` interface,
+`trl-all-rows`) does more work: it is shown beside the peer targets, labelled, and never compared. A live-row
+peer that gave no figures (not run, n/a, error, wrong answer) is a MISSING row with its reason: never a pass,
+and a run with one is INCOMPLETE at best; a peer target with no measured peer at all is not measured (FAIL).
 """
 
 from bench.harness import Result
@@ -27,14 +33,31 @@ TARGETS = [
 LEAN = 0.25  # a peer is "lean" when its extra memory is at most this fraction of eager's
 
 
-def _recomputes(op: str, provider: str) -> bool:
+def _provider(op: str, provider: str):
     if op == "token_logprobs":
-        p = TOKEN_LOGPROBS_PROVIDERS.get(provider)
-    else:
-        from bench.providers_grpo import GRPO_LOSS_PROVIDERS
+        return TOKEN_LOGPROBS_PROVIDERS.get(provider)
+    from bench.providers_grpo import GRPO_LOSS_PROVIDERS
 
-        p = GRPO_LOSS_PROVIDERS.get(provider)
+    return GRPO_LOSS_PROVIDERS.get(provider)
+
+
+def _recomputes(op: str, provider: str) -> bool:
+    p = _provider(op, provider)
     return bool(p and p.recomputes)
+
+
+def all_rows(op: str, provider: str) -> bool:
+    """Does `provider` score every row of `op`, the ignored ones too (more work than fastrl's live rows)?"""
+    p = _provider(op, provider)
+    return bool(p and p.all_rows)
+
+
+def live_row_peers(op: str) -> list[str]:
+    """The peers a live-row target of `op` compares against: every peer of the op that scores live rows."""
+    from bench.providers_grpo import GRPO_LOSS_PROVIDERS
+
+    names = TOKEN_LOGPROBS_PROVIDERS if op == "token_logprobs" else GRPO_LOSS_PROVIDERS
+    return [p for p in PEERS if p in names and not all_rows(op, p)]
 
 
 def recompute_bound(r: Result) -> tuple[bool, str]:
@@ -53,9 +76,34 @@ def _same(results: list[Result], r: Result) -> list[Result]:
     return [b for b in results if (b.op, b.mode, b.shape, b.dtype) == (r.op, r.mode, r.shape, r.dtype)]
 
 
-def _row(r, vs, quantity, ratio, target, verdict):
+def _row(r, vs, quantity, ratio, target, verdict, kind="target"):
+    # kind: "target" (counted pass / fail / not measured), "missing" (a peer with no figures: never a pass),
+    # "info" (a peer doing more work, shown beside a live-row target, not compared)
     return dict(op=r.op, shape=shape_str(r.shape), candidate=r.provider, vs=vs, quantity=quantity,
-                ratio=ratio, target=target, verdict=verdict)  # fmt: skip
+                ratio=ratio, target=target, verdict=verdict, kind=kind)  # fmt: skip
+
+
+def _measured(b: Result) -> bool:
+    return b.status in ("ok", "ref") and bool(b.median_ms)
+
+
+def _peer_rows(r: Result, group: dict, quantity: str) -> list[dict]:
+    """Beside a peer target: a MISSING row, with its reason, for each live-row peer of the op that gave no
+    figures (not run, n/a, error, wrong answer), and a labelled row for each all-rows peer that ran."""
+    rows = []
+    for name in live_row_peers(r.op):
+        b = group.get(name)
+        if b is None:
+            rows.append(_row(r, name, quantity, None, "—", "MISSING (not run)", "missing"))
+        elif not _measured(b):
+            why = f"{b.status}: {b.note}" if b.note else b.status
+            rows.append(_row(r, name, quantity, None, "—", f"MISSING ({why})", "missing"))
+    for name, b in group.items():
+        if name in PEERS and all_rows(r.op, name):
+            label = f"{name} (all rows: more work)"
+            why = "not compared: it scores every row, the ignored ones too"
+            rows.append(_row(r, label, quantity, _ratio(r, b, quantity), "—", why, "info"))
+    return rows
 
 
 def _ratio(r: Result, b: Result | None, quantity: str) -> float | None:
@@ -78,30 +126,39 @@ def _unreachable(r: Result, group: dict, ref: Result, bound: float) -> str:
     return f" (unreachable here: {name} itself is {need:.3f}× {ref.provider})"
 
 
+def _peer_refs(r: Result, group: dict, reference: str, quantity: str) -> list[tuple[str, Result | None]]:
+    """(label, reference row) of a peer target over the measured live-row peers; a lone (label, None) when
+    there is none to compare with (the row then says why, and is no pass)."""
+    peers = [group[name] for name in live_row_peers(r.op) if name in group and _measured(group[name])]
+    if not peers:
+        return [("MISSING: no live-row peer measured", None)]
+    if reference == "fastest-peer":
+        best = min(peers, key=lambda b: b.median_ms)
+        return [(f"fastest peer ({best.provider})", best)]
+    eager = group.get("eager")
+    if not (eager and eager.extra_mib):
+        return [("peers ≤ ¼ eager's memory (eager's memory not measured)", None)]
+    lean = [b for b in peers if b.extra_mib is not None and b.extra_mib <= eager.extra_mib * LEAN]
+    return [(f"{b.provider} ({b.extra_mib:.0f} MiB ≤ ¼ eager's)", b) for b in lean]
+
+
 def target_rows(results: list[Result], targets=TARGETS) -> list[dict]:
     rows = []
     for op, candidate, reference, quantity, bound in targets:
         for r in (x for x in results if x.op == op and x.provider == candidate):
             group = {b.provider: b for b in _same(results, r)}
-            peers = [b for name, b in group.items() if name in PEERS and b.status in ("ok", "ref") and b.median_ms]
-            if reference == "fastest-peer":
-                best = min(peers, key=lambda b: b.median_ms, default=None)
-                refs = [(f"fastest peer ({best.provider})" if best else "fastest peer (none measured)", best)]
-            elif reference == "lean-peers":
-                eager = group.get("eager")
-                cap = eager.extra_mib * LEAN if eager and eager.extra_mib else None
-                lean = [b for b in peers if cap is not None and b.extra_mib is not None and b.extra_mib <= cap]
-                refs = [(f"{b.provider} ({b.extra_mib:.0f} MiB ≤ ¼ eager's)", b) for b in lean]
-                if cap is None:
-                    refs = [("peers ≤ ¼ eager's memory (eager's memory not measured)", None)]
-                elif not lean:
-                    rows.append(_row(r, "peers ≤ ¼ eager's memory", quantity, None, "—", "PASS (no such peer)"))
+            strict = reference == "lean-peers"
+            target = f"< {bound:g}×" if strict else f"≤ {bound:g}×"
+            if reference in ("fastest-peer", "lean-peers"):
+                refs = _peer_refs(r, group, reference, quantity)
+                if not refs:  # every live-row peer measured above the memory cap: nothing to be faster than
+                    n = sum(1 for name in live_row_peers(op) if name in group and _measured(group[name]))
+                    rows.append(_row(r, "peers ≤ ¼ eager's memory", quantity, None, "—",
+                                     f"PASS (none of the {n} measured live-row peers is that lean)"))  # fmt: skip
             else:
                 refs = [(reference, group.get(reference))]
             for label, b in refs:
                 ratio = _ratio(r, b, quantity)
-                strict = reference == "lean-peers"
-                target = f"< {bound:g}×" if strict else f"≤ {bound:g}×"
                 if ratio is None:
                     why = f"{candidate} {r.status}, {label} {b.status if b else 'missing'}"
                     rows.append(_row(r, label, quantity, None, target, f"not measured ({why})"))
@@ -111,6 +168,8 @@ def target_rows(results: list[Result], targets=TARGETS) -> list[dict]:
                 if not ok and quantity == "time" and "floor" not in reference:
                     verdict += _unreachable(r, group, b, bound)
                 rows.append(_row(r, label, quantity, ratio, target, verdict))
+            if reference in ("fastest-peer", "lean-peers"):
+                rows += _peer_rows(r, group, quantity)
     return rows
 
 
@@ -135,14 +194,21 @@ def floor_rows(results: list[Result]) -> list[dict]:
 
 
 def verdict_line(rows: list[dict], errors: list[dict]) -> str:
-    passed = sum(r["verdict"].startswith("PASS") for r in rows)
-    failed = sum(r["verdict"].startswith("FAIL") for r in rows)
-    unmeasured = len(rows) - passed - failed
-    ok = failed == 0 and unmeasured == 0 and not errors
+    """PASS only when every target was measured and met, no floor was beaten and no peer is missing; FAIL when
+    a target failed or was not measured, or a floor was beaten; INCOMPLETE when the targets pass but a peer gave
+    no figures (the run did not compare fastrl with it: no pass)."""
+    targets = [r for r in rows if r.get("kind", "target") == "target"]
+    missing = [r["vs"] for r in rows if r.get("kind") == "missing"]
+    passed = sum(r["verdict"].startswith("PASS") for r in targets)
+    failed = sum(r["verdict"].startswith("FAIL") for r in targets)
+    unmeasured = len(targets) - passed - failed
+    word = "FAIL" if failed or unmeasured or errors else ("INCOMPLETE" if missing else "PASS")
+    peers = f"{len(missing)} peer{'s' if len(missing) != 1 else ''} missing" + (
+        f" ({', '.join(sorted(set(missing)))})" if missing else ""
+    )
     return (
-        f"**verdict: {'PASS' if ok else 'FAIL'}** — {len(rows)} targets: {passed} pass, {failed} fail, "
-        f"{unmeasured} not measured; {len(errors)} floor error{'s' if len(errors) != 1 else ''} "
-        "(a candidate faster than a floor)"
+        f"**verdict: {word}** — {len(targets)} targets: {passed} pass, {failed} fail, {unmeasured} not measured; "
+        f"{peers}; {len(errors)} floor error{'s' if len(errors) != 1 else ''} (a candidate faster than a floor)"
     )
 
 

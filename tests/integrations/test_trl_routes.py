@@ -98,3 +98,26 @@ def test_keep_attention_outputs_must_be_a_bool(tmp_path):
             model=h.model(), reward_funcs=h.reward, args=h.config(tmp_path), train_dataset=h.dataset(),
             processing_class=h.tokenizer(), keep_attention_outputs="yes",
         )  # fmt: skip
+
+
+def test_head_policy_loss_keeps_the_samplers_truncation():
+    """A sampler config reaching `head_policy_loss` directly scores the truncated distribution (never the plain
+    softmax, fused or not): its log-probs are `sampled_token_logprobs`' with the same top-k."""
+    from fastrl.integrations.trl.head import head_policy_loss
+    from fastrl.kernels import sampled_token_logprobs
+    from fastrl.losses import LossConfig
+
+    model = h.model()
+    hidden = torch.randn(2, 5, model.config.hidden_size, requires_grad=True)
+    targets = torch.randint(0, model.config.vocab_size, (2, 5))
+    mask = torch.ones(2, 5)
+    config = LossConfig(top_k=3)
+    out, logp, _ = head_policy_loss(
+        model, hidden, targets, mask, torch.tensor([1.0, -1.0]), temperature=0.7, cast_lm_head_to_fp32=False,
+        impl="torch", config=config, normalizer=None,
+    )  # fmt: skip
+    want = sampled_token_logprobs(hidden, model.lm_head.weight, targets, temperature=0.7, top_k=3, impl="torch")
+    torch.testing.assert_close(logp, want.logp, rtol=0, atol=1e-6)
+    assert "outside_kept_frac" in out.metrics
+    out.loss.backward()
+    assert hidden.grad is not None and bool(hidden.grad.isfinite().all())

@@ -22,7 +22,7 @@ import torch
 from fastrl.hf import lm_body_and_head
 from fastrl.kernels import token_logprobs
 from fastrl.losses import policy_loss
-from fastrl.losses.fused import fused_grpo_parts, wants_fused
+from fastrl.losses.fused import fused_grpo_parts, sampled_grpo_parts, wants_fused
 
 from .gather import full_head, gathered, zero3_params, zero3_partitioned, zero3_scored
 
@@ -74,7 +74,8 @@ def head_policy_loss(
     `targets` hold -100 wherever `mask` is 0. With a token-level ratio and a gradient to form (`wants_fused`) the
     gradients of hidden and the head are formed in the vocabulary pass itself (docs/math.md §7): three GEMMs a token
     instead of the forward's one and a recomputing backward's three, and the entropy metric from the same pass.
-    Otherwise the log-probs come from `token_logprobs` and the loss from `policy_loss`, as `head_logprobs` feeds it.
+    Otherwise the log-probs come from `token_logprobs` and the loss from `policy_loss`, as `head_logprobs` feeds it;
+    a config with the sampler on (`config.sampler_on`) gets the log-probs of the sampler's distribution.
     Not for a ZeRO-3 partitioned head (its d_weight would reach a parameter gathered only in the forward)."""
     _, weight, bias = lm_body_and_head(model)
     weight, bias = full_head(weight, bias)
@@ -83,6 +84,11 @@ def head_policy_loss(
     bias = None if bias is None else bias.to(dtype)
     targets = targets.to(weight.device)
     losses = dict(old=old, ref=ref, rollout=rollout, config=config, normalizer=normalizer)
+    if config.sampler_on:  # the sampler's distribution (docs/math.md §8), which neither path below computes
+        return sampled_grpo_parts(
+            hidden, weight, targets, mask, advantages, bias=bias, impl=impl, temperature=temperature,
+            return_entropy=True, ignore_index=IGNORE_INDEX, **losses,
+        )  # fmt: skip
     if wants_fused(hidden, weight, bias, config, old, rollout):
         return fused_grpo_parts(
             hidden, weight, targets, mask, advantages, bias=bias, impl=impl, temperature=temperature,
