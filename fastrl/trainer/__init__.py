@@ -13,6 +13,10 @@
       hf_engine.py           transformers `generate` on the training model
       vllm_engine.py         vLLM in the trainer's process
       thinking.py            the thinking budget: sampling in rounds
+      async_worker.py        the rollout process of --async-staleness: its vLLM engine, seeds, partial rollouts
+      async_client.py        the trainer's side of it: spawn, submit, groups, heartbeat and death detection
+      shm_transfer.py        a shared-memory weight-transfer engine registered with vLLM's factories (CPU)
+      weight_push.py         the weights to the rollout process through vLLM's trainer-side transfer engines
     scoring.py             rewards (fastrl.rewards) -> shaping -> advantages -> samples, metric sums
     advantages.py          group z-score advantages
     batching.py            token-budget micro-batches, padded or packed
@@ -25,7 +29,11 @@
     sharded_checkpoint.py  --fsdp checkpoints (torch.distributed.checkpoint); export to a HF directory
     metrics.py             metrics.jsonl (+ TensorBoard), progress lines
     build.py               start_run: device, process group, model, data, warm-up, reference, optimizer, resume
-    stages.py              collect, attach_logprobs, minibatches, optimizer_step, step_record, save_run
+    stages.py              collect, score_batch, attach_logprobs, minibatches, optimizer_step, step_record, save_run
+    staleness.py           policy-version spans of tokens, the admission rule, staleness metrics
+    prompt_ledger.py       prompt ids trained and in flight: each prompt trained once across drops and resumes
+    async_loop.py          AsyncFeed: prompts out, admitted groups in, the step's async metrics and timeline
+    async_train.py         the loop of --async-staleness K: rollouts in their own process
     trainer.py             train(): the loop
     tiny/                  the CPU preset's pieces
       model.py               tiny Llama-architecture model and character tokenizer

@@ -45,6 +45,7 @@ class Run:
     resumed: bool = False
     step: int = 0  # optimizer steps taken
     elapsed_before: float = 0.0  # training seconds of the runs this one resumes
+    async_state: dict | None = None  # an asynchronous run's prompt ledger (`PromptLedger.state_dict`)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -169,6 +170,7 @@ def start_run(config: TrainConfig) -> Run:
         return run
     run.resumed, run.step, run.stream.position = True, state["step"], state["data_position"]
     run.elapsed_before = state.get("elapsed_s", 0.0)
+    run.async_state = state.get("async_state")
     if ref_model is not None and "ref_model" in state:  # replicated runs (sharded ones restored it above)
         ref_model.load_state_dict(state["ref_model"])
     return run

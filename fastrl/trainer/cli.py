@@ -22,6 +22,7 @@ from fastrl.losses import LossConfig
 
 from .config import PRESETS, TrainConfig, config_fields, config_to_dict, make_config, read_config_file
 from .preflight import build_reward
+from .rollout.async_client import RolloutWorkerError
 from .validate import ConfigError
 
 
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"fastrl: error: {describe(e, given, file)}", file=sys.stderr)
         return 2
+    except RolloutWorkerError as e:  # the rollout process died or hung: one message, no traceback
+        print(f"fastrl: error: {e}", file=sys.stderr)
+        return 1
     if last:
         keys = ("step", "reward_correct_mean", "reward_mean", "loss", "elapsed_s")
         print(json.dumps({k: last[k] for k in keys if k in last}))

@@ -66,6 +66,10 @@ class TrainConfig:
     vllm_kv_cache_gib: float = 0.0  # vLLM KV-cache size in GiB (0 = what vllm_gpu_memory_utilization leaves)
     vllm_sleep_level: int = 1  # vLLM sleeps in updates where it can (GPU): 1 offloads weights, 2 drops them, 0 never
     vllm_enforce_eager: bool = False  # vLLM without torch.compile / CUDA graphs: faster start, slower decoding
+    # --- asynchronous rollouts (async_train.py, docs/math.md §10) ---
+    async_staleness: int = -1  # K >= 0: vLLM rollouts in a process of their own, <= K versions stale (-1: off; not HF)
+    rollout_chunk_tokens: int = 0  # with async_staleness: partial rollouts of at most N tokens per version (0 = off)
+    rollout_timeout_s: float = 600.0  # with async_staleness: the rollout process's start-up and heartbeat limit
     # --- thinking budget and forced lengths (rollouts/thinking.py) ---
     thinking_budget: int = 0  # thinking tokens before the engine closes the span (0 = off); inserted tokens are masked
     think_start: str = "<think>"  # opens the thinking span (in the prompt or in the completion)
@@ -133,6 +137,7 @@ class TrainConfig:
                 check_token_local(self.loss)
             except ValueError as e:
                 raise ConfigError("sequence_parallel", self.sequence_parallel, str(e)) from None
+        _check_async(self)
         if self.resume and self.overwrite:
             raise ConfigError("overwrite", True, "--resume continues the run in output_dir; --overwrite deletes it")
         for name in SAMPLER_KNOBS:
@@ -159,6 +164,28 @@ class TrainConfig:
     def needs_old_logprobs(self) -> bool:
         """A rollout batch feeds several optimizer steps, so the ratio needs the pre-update log-probs."""
         return self.ppo_epochs * self.minibatches > 1
+
+
+def _check_async(c: TrainConfig) -> None:
+    """Asynchronous rollouts: the vLLM engine, one optimizer step per batch, no thinking budget, FSDP or sequence
+    parallelism."""
+    if c.async_staleness < 0:
+        if c.rollout_chunk_tokens:
+            raise ConfigError("rollout_chunk_tokens", c.rollout_chunk_tokens, "needs async_staleness >= 0")
+        return
+    if c.engine != "vllm":
+        raise ConfigError("async_staleness", c.async_staleness, f"needs engine='vllm' (the {c.engine!r} engine is "
+                          "synchronous: use async_staleness=-1)")  # fmt: skip
+    for name, bad in (
+        ("thinking_budget", c.thinking_budget > 0),
+        ("fsdp", c.fsdp),
+        ("sequence_parallel", c.sequence_parallel > 1),
+    ):
+        if bad:
+            raise ConfigError(name, getattr(c, name), "is not supported with async_staleness >= 0")
+    if c.async_staleness > 0 and c.needs_old_logprobs:
+        raise ConfigError("async_staleness", c.async_staleness, "takes one optimizer step per rollout batch: "
+                          f"ppo_epochs={c.ppo_epochs} and minibatches={c.minibatches} must be 1")  # fmt: skip
 
 
 def _check_thinking(c: TrainConfig) -> None:

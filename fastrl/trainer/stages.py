@@ -1,6 +1,6 @@
 """The stages of one GRPO iteration, each an importable function the loop in `trainer.py` calls in order:
 
-collect          sample G completions per prompt, score them, advantages (`scoring.py`), global sums
+collect          sample G completions per prompt, then score_batch: scores, advantages (`scoring.py`), sums
 attach_logprobs  the sampler's log-probs (several steps per batch) and the reference's (beta > 0)
 minibatches      the optimizer steps' sample indices: ppo_epochs passes, each shuffled and split
 optimizer_step   one fused-loss update (`update.train_step`) and the LR schedule step
@@ -23,20 +23,29 @@ from .sharded_checkpoint import save_sharded
 from .update import sequence_logprobs, train_step
 
 
-def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, reward, sp: SequenceParallel | None = None
-            ) -> tuple[list[Sample], dict]:  # fmt: skip
+def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, reward, sp: SequenceParallel | None = None,
+            prompt_ids: list[int] | None = None) -> tuple[list[Sample], dict]:  # fmt: skip
     """Sample G completions per problem, score them, compute advantages; samples + rollout metrics.
 
-    The batch's sums run over the data-parallel group of `sp` (None: every rank): the ranks of a sequence
-    group hold the same rollouts, which must count once.
+    `prompt_ids` (the problems' stream positions) seed each request of an engine that takes seeds (vLLM). The
+    batch's sums run over the data-parallel group of `sp` (None: every rank): the ranks of a sequence group hold
+    the same rollouts, which must count once.
     """
-    group = None if sp is None else sp.dp_group
-    G = config.group_size
     prompts = [
         build_prompt(tokenizer, p.prompt, config.prompt_template, config.chat_template, config.max_prompt_length)
         for p in problems
     ]
-    comps = engine.generate(prompts, G, want_logprobs=config.loss.is_cap is not None)
+    seeded = {"prompt_ids": prompt_ids} if prompt_ids is not None and getattr(engine, "seeded", False) else {}
+    comps = engine.generate(prompts, config.group_size, want_logprobs=config.loss.is_cap is not None, **seeded)
+    return score_batch(comps, problems, config, reward, tokenizer, sp)
+
+
+def score_batch(comps, problems, config: TrainConfig, reward, tokenizer, sp: SequenceParallel | None = None
+                ) -> tuple[list[Sample], dict]:  # fmt: skip
+    """Scores, advantages, samples and the rollout metrics (summed over the data-parallel ranks) of G completions
+    per problem, grouped: completions [i*G : (i+1)*G] answer problems[i]."""
+    group = None if sp is None else sp.dp_group
+    G = config.group_size
     texts = [tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in comps]
     golds = [p.answer for p in problems for _ in range(G)]
     lengths = [len(c.completion_ids) for c in comps]
@@ -49,7 +58,8 @@ def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, rew
     samples = scoring.to_samples(comps, adv, flat, config)
     if sp is not None:
         check_same_rollouts(samples, sp)
-    local = scoring.rollout_sums(comps, [len(p) for p in prompts], scores, flat, config)
+    prompt_lengths = [len(comps[i * G].prompt_ids) for i in range(len(problems))]
+    local = scoring.rollout_sums(comps, prompt_lengths, scores, flat, config)
     sums = dict(zip(local, dist_utils.all_reduce_sum_list([float(v) for v in local.values()], group)))
     return samples, scoring.rollout_metrics(sums, dist_utils.all_reduce_max(float(max(lengths, default=0)), group))
 
@@ -118,6 +128,8 @@ def should_save(step: int, config: TrainConfig) -> bool:
 def save_run(run: Run, config: TrainConfig, elapsed_s: float) -> str:
     """Checkpoint the run (every rank calls this); the path of the new checkpoint."""
     extra = {"data_position": run.stream.position, "elapsed_s": elapsed_s, "config": config_to_dict(config)}
+    if run.async_state is not None:  # the prompt ledger of an asynchronous run
+        extra["async_state"] = run.async_state
     if config.fsdp:
         return save_sharded(config.output_dir, run.step, run.model, run.optimizer, run.scheduler, extra,
                             config.keep_checkpoints, run.ref_model)  # fmt: skip

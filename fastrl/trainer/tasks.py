@@ -87,10 +87,16 @@ class PromptStream:
             self._epoch = epoch
         return self._cached
 
+    def problem_at(self, position: int) -> Problem:
+        """The problem served at stream `position` (`position` itself does not move)."""
+        if position < 0:
+            raise ValueError(f"stream position must be >= 0, got {position}")
+        epoch, i = divmod(position, len(self.problems))
+        return self.problems[self._order(epoch)[i]]
+
     def next_batch(self, n: int) -> list[Problem]:
         out = []
         while len(out) < n:
-            epoch, i = divmod(self.position, len(self.problems))
-            out.append(self.problems[self._order(epoch)[i]])
+            out.append(self.problem_at(self.position))
             self.position += 1
         return out

@@ -11,7 +11,7 @@ Algorithm (DeepSeekMath / R1 GRPO), per rollout batch:
   6. push the new weights to the rollout engine (vLLM), log, checkpoint.
 
 The stages are functions in `build.py` (setting up) and `stages.py` (one iteration); this module only
-orders them.
+orders them. With `--async-staleness K` the rollouts run in a process of their own (`async_train.py`).
 
 Run it:  fastrl train --preset tiny --output-dir runs/tiny          (CPU, a few minutes)
          torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k --model <hf id>
@@ -21,6 +21,7 @@ import sys
 import time
 
 from . import distributed as dist_utils
+from .async_train import train_async
 from .build import start_run
 from .config import TrainConfig
 from .metrics import MetricsLogger, progress_line, read_metrics
@@ -42,18 +43,30 @@ def train(config: TrainConfig, rewards=None) -> dict:
     run = start_run(config)
     logger = MetricsLogger(config.output_dir, run.step if run.resumed else None, config.tensorboard,
                            enabled=run.rank == 0)  # fmt: skip
-    engine = make_engine(config.engine, run.model, run.tokenizer, config)
-    engine.sync_weights(run.model)  # vLLM loaded config.model from disk; these weights may be warmed up or resumed
     bar = _progress_bar(config, run.step) if config.progress and run.rank == 0 else None
     log_every = config.log_every if not config.progress and run.rank == 0 else 0
+
+    def report(record: dict) -> None:
+        if log_every and (run.step % log_every == 0 or run.step == config.max_steps):
+            print(progress_line(record, config.max_steps), file=sys.stderr, flush=True)
+        if bar is not None:
+            bar.set_postfix(reward=f"{record['reward_correct_mean']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            bar.update(1)
+
     if run.step >= config.max_steps and run.rank == 0:
         print(f"fastrl: {config.output_dir} already finished at step {run.step} (max_steps={config.max_steps})",
               file=sys.stderr, flush=True)  # fmt: skip
     t_run, record = time.time(), {}
-    while run.step < config.max_steps:
-        t0 = time.time()
+    if config.async_staleness >= 0:  # rollouts in a process of their own: async_train.py
+        record = train_async(run, config, reward, logger, report) if run.step < config.max_steps else {}
+    else:
+        engine = make_engine(config.engine, run.model, run.tokenizer, config)
+        engine.sync_weights(run.model)  # vLLM loaded config.model from disk; these weights may be warmed up or resumed
+    while config.async_staleness < 0 and run.step < config.max_steps:
+        t0, start = time.time(), run.stream.position
         batch = dist_utils.shard(run.stream.next_batch(config.prompts_per_step), run.sp.dp_size, run.sp.dp_rank)
-        samples, rollout = collect(engine, run.tokenizer, batch, config, reward, run.sp)
+        prompt_ids = dist_utils.shard(list(range(start, run.stream.position)), run.sp.dp_size, run.sp.dp_rank)
+        samples, rollout = collect(engine, run.tokenizer, batch, config, reward, run.sp, prompt_ids)
         attach_logprobs(run, samples, config)
         t_rollout = time.time() - t0
         for chunk in minibatches(len(samples), config):
@@ -63,11 +76,7 @@ def train(config: TrainConfig, rewards=None) -> dict:
             record = step_record(run.step, rollout, update, t_rollout, time.time() - t0)
             record["elapsed_s"] = run.elapsed_before + time.time() - t_run
             logger.log(record)
-            if log_every and (run.step % log_every == 0 or run.step == config.max_steps):
-                print(progress_line(record, config.max_steps), file=sys.stderr, flush=True)
-            if bar is not None:
-                bar.set_postfix(reward=f"{record['reward_correct_mean']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-                bar.update(1)
+            report(record)
         engine.sync_weights(run.model)
         if should_save(run.step, config):
             save_run(run, config, run.elapsed_before + time.time() - t_run)

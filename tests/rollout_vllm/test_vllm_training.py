@@ -18,8 +18,8 @@ def record_gaps(monkeypatch) -> list[float]:
         engine = make_engine(name, model, tokenizer, config)
         generate = engine.generate
 
-        def checked(prompts, n, want_logprobs=False):
-            comps = generate(prompts, n, want_logprobs=want_logprobs)
+        def checked(prompts, n, want_logprobs=False, **seeding):
+            comps = generate(prompts, n, want_logprobs=want_logprobs, **seeding)
             gaps.append(max_gap(model, comps, temperature=config.temperature, top_p=config.top_p))
             return comps
 

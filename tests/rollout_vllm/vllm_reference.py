@@ -16,6 +16,16 @@ def tiny_config(**overrides):
     return make_config("tiny", **{**ENGINE, "temperature": T, **overrides})
 
 
+def tiny_pair(**overrides):
+    """(config, model, tokenizer): `tiny_config(**overrides)` and its model (seed 0, eval mode) and tokenizer."""
+    from fastrl.trainer.build import build_model
+
+    config = tiny_config(**overrides)
+    torch.manual_seed(0)
+    model, tokenizer = build_model(config, torch.device("cpu"))
+    return config, model.eval(), tokenizer
+
+
 @torch.no_grad()
 def hf_logprobs(model, prompt: list[int], completion: list[int], temperature: float = T, top_p: float = 1.0):
     """Each completion token's log-prob under the sampling distribution, by transformers' own logits warpers."""

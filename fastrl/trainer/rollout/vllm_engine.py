@@ -29,6 +29,7 @@ import torch
 
 from ..fsdp import full_state_items, is_sharded
 from ..validate import ConfigError
+from .async_worker import request_seed
 from .base import SamplingEngine
 from .engine import Completion
 from .thinking import Request, Sampled, sample_with_budget
@@ -114,10 +115,20 @@ class VLLMEngine(SamplingEngine):
                 enforce_eager=config.vllm_enforce_eager,
                 **extra,
             )
-        self.asleep = False
+        self.asleep, self.seed = False, config.seed
 
-    def generate(self, prompts: list[list[int]], n: int, want_logprobs: bool = False) -> list[Completion]:
-        """`n` samples for each prompt, grouped: completions [i*n : (i+1)*n] belong to prompts[i]."""
+    seeded = True  # generate takes prompt_ids: each request seeded through SamplingParams.seed
+
+    def generate(self, prompts: list[list[int]], n: int, want_logprobs: bool = False,
+                 prompt_ids: list[int] | None = None) -> list[Completion]:  # fmt: skip
+        """`n` samples for each prompt, grouped: completions [i*n : (i+1)*n] belong to prompts[i].
+
+        `prompt_ids` (stream positions, one per prompt): sample k of prompt i is a request of its own seeded
+        with `request_seed(seed, prompt_ids[i], k)`, the seed the asynchronous rollout process gives it too.
+        Without them (and in a thinking budget's rounds) vLLM draws from its engine-wide generator.
+        """
+        if prompt_ids is not None and len(prompt_ids) != len(prompts):
+            raise ValueError(f"{len(prompt_ids)} prompt_ids for {len(prompts)} prompts")
         if not prompts:
             return []
         if self.asleep:  # only when generate runs without a sync since the last batch
@@ -127,22 +138,29 @@ class VLLMEngine(SamplingEngine):
             rounds = lambda requests: self._sample(requests, want_logprobs)  # noqa: E731
             result = sample_with_budget(prompts, n, self.thinking, self.max_new_tokens, self.min_new_tokens,
                                         set(self.eos_ids), rounds, want_logprobs)  # fmt: skip
+        elif prompt_ids is not None:
+            flat = [p for p in prompts for _ in range(n)]
+            seeds = [request_seed(self.seed, pid, k) for pid in prompt_ids for k in range(n)]
+            params = [self._sampling(1, self.max_new_tokens, self.min_new_tokens, want_logprobs, s) for s in seeds]
+            outs = self.llm.generate([{"prompt_token_ids": p} for p in flat], params, use_tqdm=False)
+            result = [self._completion(p, out.outputs[0], want_logprobs) for p, out in zip(flat, outs)]
         else:
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts],
                                      self._sampling(n, self.max_new_tokens, self.min_new_tokens, want_logprobs),
                                      use_tqdm=False)  # fmt: skip
-            result = []
-            for prompt, out in zip(prompts, outs):
-                for c in out.outputs:
-                    ids = list(c.token_ids)  # ends with the end token unless cut at max_tokens
-                    lp = [d[t].logprob for d, t in zip(c.logprobs, ids)] if want_logprobs else None
-                    result.append(Completion(list(prompt), ids, c.finish_reason == "length", lp))
+            result = [self._completion(p, c, want_logprobs) for p, out in zip(prompts, outs) for c in out.outputs]
         if self.sleep_level:
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
         return result
 
-    def _sampling(self, n: int, max_new: int, min_new: int, want_logprobs: bool):
+    @staticmethod
+    def _completion(prompt: list[int], c, want_logprobs: bool) -> Completion:
+        ids = list(c.token_ids)  # ends with the end token unless cut at max_tokens
+        lp = [d[t].logprob for d, t in zip(c.logprobs, ids)] if want_logprobs else None
+        return Completion(list(prompt), ids, c.finish_reason == "length", lp)
+
+    def _sampling(self, n: int, max_new: int, min_new: int, want_logprobs: bool, seed: int | None = None):
         return self._params(
             n=n,
             temperature=self.temperature,
@@ -154,6 +172,7 @@ class VLLMEngine(SamplingEngine):
             logprobs=0 if want_logprobs else None,  # 0: only the sampled token's log-prob
             stop_token_ids=self.eos_ids,
             detokenize=False,  # the trainer decodes with its own tokenizer
+            seed=seed,
         )
 
     def _sample(self, requests: list[Request], want_logprobs: bool) -> list[Sampled]:

@@ -1,0 +1,293 @@
+"""The rollout process of asynchronous training: a vLLM engine of its own, fed prompts and weights by the trainer.
+
+The process (started by `async_client.AsyncRollout`, spawn) owns one `vllm.LLM` and drives its `LLMEngine`
+with `step()` itself, so everything the trainer sends is applied between two engine steps:
+
+- ("generate", prompt_id, prompt_ids, n, seed, options): n requests of one prompt, each with its own
+  `SamplingParams.seed` (`request_seed`); `options` may override the spec's max_tokens, min_tokens and
+  chunk_tokens for this group. Log-probs are always on (the engine runs with processed log-probs: the
+  sampled token's log-prob under the distribution it was drawn from, the behaviour log-prob).
+- ("rpc", name, kwargs): vLLM's RL API on `LLM` (`init_weight_transfer_engine`, `start_weight_update`,
+  `update_weights`, `finish_weight_update`, `update_weight_version`); between start and finish the engine is
+  not stepped (its layers are being reloaded). `finish_weight_update(weight_version=v)` sets the version the
+  engine stamps on the tokens it samples next (`CompletionOutput.weight_versions`).
+- ("waiting",): the trainer is blocked until the next group arrives (see partial rollouts).
+- ("stop",)
+
+It answers on the output queue: ("started", pid), ("ready", info), ("group", RolloutGroup), ("rpc_done",
+name, result), ("parked", prompt_id, sample, tokens so far), ("error", traceback). A heartbeat (a shared
+double: `time.monotonic()`, system-wide on Linux) is written every loop pass, so the trainer can tell a hung
+engine from a slow one.
+
+Partial rollouts (`chunk_tokens = N > 0`): a request asks for at most N new tokens. A completion that used
+them up without an end token is parked; it is resubmitted, prompt + the tokens so far as the new prompt, when
+the engine's weights change, or when the engine would otherwise be idle while the trainer waits. The KV of
+the old tokens is recomputed under the new weights (a new request; the prefix cache is off, see below); the
+old tokens keep their behaviour log-probs and versions, and the pieces' version spans are stitched.
+Without chunking a request that runs across a weight update keeps the KV it computed under the old weights.
+
+The prefix cache is off: vLLM cannot reset it while requests run ("Failed to reset prefix cache because
+some blocks are not freed yet"), so after an update a new request could reuse KV computed by old weights.
+"""
+
+import ctypes
+import os
+import queue
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from ..staleness import RolloutGroup, VersionSpan, parse_spans, stitch
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies (Linux prctl); exit now if the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def request_seed(seed: int, prompt_id: int, sample: int, piece: int = 0) -> int:
+    """The `SamplingParams.seed` of one request: a function of the run's seed, the prompt, the sample and piece."""
+    x = (seed * 1_000_003 + prompt_id) * 4099 + sample
+    return (x * 131 + piece) % (2**63 - 1)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything the rollout process needs to build its engine (picklable)."""
+
+    model: str  # a path or hub id vLLM loads
+    dtype: str
+    max_model_len: int
+    seed: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    max_tokens: int  # the completion length limit
+    min_tokens: int
+    stop_ids: tuple[int, ...]
+    chunk_tokens: int = 0  # > 0: partial rollouts, at most this many tokens per request
+    kv_cache_bytes: int | None = None
+    enforce_eager: bool = True
+    gpu_memory_utilization: float = 0.9
+    backend: str = "fastrl_shm"  # the weight-transfer backend ("nccl" on GPUs)
+    tensor_parallel_size: int = 1
+    extra: dict = field(default_factory=dict)  # more `LLM(...)` keywords
+
+
+@dataclass
+class _Sample:
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    pieces: list[tuple[VersionSpan, ...]] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    done: bool = False
+    truncated: bool = False
+    parked_at: int | None = None  # the version under which it ran out of its chunk
+
+
+@dataclass
+class _Group:
+    prompt_ids: list[int]
+    seed: int
+    samples: list[_Sample]
+    max_tokens: int
+    min_tokens: int
+    chunk_tokens: int
+
+
+class RolloutWorker:
+    def __init__(self, spec: WorkerSpec, out, beat):
+        from vllm import LLM, SamplingParams
+
+        from . import shm_transfer
+
+        shm_transfer.register()
+        self.spec, self.out, self.beat, self._params = spec, out, beat, SamplingParams
+        extra = dict(spec.extra)
+        if spec.kv_cache_bytes is not None:
+            extra["kv_cache_memory_bytes"] = spec.kv_cache_bytes
+        self.llm = LLM(model=spec.model, dtype=spec.dtype, max_model_len=spec.max_model_len, seed=spec.seed,
+                       logprobs_mode="processed_logprobs", enforce_eager=spec.enforce_eager,
+                       gpu_memory_utilization=spec.gpu_memory_utilization, enable_prefix_caching=False,
+                       tensor_parallel_size=spec.tensor_parallel_size,
+                       weight_transfer_config={"backend": spec.backend}, **extra)  # fmt: skip
+        self.engine = self.llm.llm_engine
+        self.version = 0
+        self.llm.update_weight_version("0")  # otherwise the tokens read "default"
+        self.groups: dict[int, _Group] = {}
+        self.outbox: list[tuple] = []
+        self.updating = self.trainer_waiting = self.stopping = False
+        self.busy_s = 0.0  # time inside engine.step()
+
+    def run(self, ctrl) -> None:
+        while not self.stopping:
+            self.beat.value = time.monotonic()
+            idle = not self.engine.has_unfinished_requests()
+            self._handle(ctrl, block=idle or self.updating)
+            if self.updating or self.stopping:
+                continue
+            self._resume_parked()
+            if self.engine.has_unfinished_requests():
+                t = time.monotonic()
+                outputs = self.engine.step()
+                self.busy_s += time.monotonic() - t
+                for o in outputs:
+                    if o.finished:
+                        self._finished(o)
+            self._flush()
+
+    def _handle(self, ctrl, block: bool) -> None:
+        """Apply every waiting message; when `block`, wait up to 0.2 s for the first (the heartbeat keeps going)."""
+        try:
+            msg = ctrl.get(timeout=0.2) if block else ctrl.get_nowait()
+        except queue.Empty:
+            self._flush()
+            return
+        while True:
+            self._apply(msg)
+            if self.updating or self.stopping:  # an update's messages are taken one at a time, in order
+                return
+            try:
+                msg = ctrl.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, msg) -> None:
+        kind = msg[0]
+        if kind == "generate":
+            _, prompt_id, prompt_ids, n, seed, options = msg
+            if prompt_id in self.groups:
+                raise ValueError(f"prompt id {prompt_id} is already being sampled")
+            limits = {k: options.get(k, getattr(self.spec, k)) for k in ("max_tokens", "min_tokens", "chunk_tokens")}
+            self.groups[prompt_id] = _Group(list(prompt_ids), seed, [_Sample() for _ in range(n)], **limits)
+            for k in range(n):
+                self._submit(prompt_id, k)
+        elif kind == "rpc":
+            _, name, kwargs = msg
+            if name not in _RPCS:
+                raise ValueError(f"unknown rollout RPC {name!r}; expected one of {sorted(_RPCS)}")
+            result = getattr(self.llm, name)(**kwargs)
+            if name == "start_weight_update":
+                self.updating = True
+            elif name in ("finish_weight_update", "update_weight_version"):
+                self.updating = False
+                version = kwargs.get("weight_version", kwargs.get("new_version"))
+                if version is not None:
+                    self.version, self.trainer_waiting = int(version), False
+            self._send(("rpc_done", name, result))
+        elif kind == "waiting":
+            self.trainer_waiting = True
+        elif kind == "stop":
+            self.stopping = True
+        else:
+            raise ValueError(f"unknown rollout message {kind!r}")
+
+    def _submit(self, prompt_id: int, k: int) -> None:
+        g, s, spec = self.groups[prompt_id], self.groups[prompt_id].samples[k], self.spec
+        left = g.max_tokens - len(s.ids)
+        limit = min(left, g.chunk_tokens) if g.chunk_tokens > 0 else left
+        params = self._params(
+            n=1,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=spec.top_k,
+            min_p=spec.min_p,
+            max_tokens=limit,
+            min_tokens=min(max(g.min_tokens - len(s.ids), 0), limit),
+            logprobs=0,
+            stop_token_ids=list(spec.stop_ids),
+            detokenize=False,
+            seed=request_seed(g.seed, prompt_id, k, len(s.pieces)),
+        )
+        s.parked_at = None
+        rid = f"{prompt_id}:{k}:{len(s.pieces)}"
+        self.engine.add_request(rid, {"prompt_token_ids": g.prompt_ids + s.ids}, params)
+
+    def _finished(self, output) -> None:
+        prompt_id, k, _ = (int(x) for x in output.request_id.split(":"))
+        g = self.groups[prompt_id]
+        c, s = output.outputs[0], g.samples[k]
+        ids = list(c.token_ids)
+        if c.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"request {output.request_id} ended with finish_reason={c.finish_reason!r}")
+        s.ids += ids
+        s.logprobs += [d[t].logprob for d, t in zip(c.logprobs, ids)]
+        s.pieces.append(parse_spans(c.weight_versions, len(ids), self.version))
+        s.lengths.append(len(ids))
+        ended = bool(ids) and ids[-1] in self.spec.stop_ids and c.finish_reason == "stop"
+        if ended or len(s.ids) >= g.max_tokens:
+            s.done, s.truncated = True, not ended
+        else:
+            s.parked_at = self.version
+            self._send(("parked", prompt_id, k, len(s.ids)))
+        if all(x.done for x in g.samples):
+            del self.groups[prompt_id]
+            self._send(("group", self._group(prompt_id, g)))
+            self.trainer_waiting = False  # the trainer's wait ends with this group
+
+    def _resume_parked(self) -> None:
+        idle = not self.engine.has_unfinished_requests()
+        for prompt_id, g in list(self.groups.items()):
+            for k, s in enumerate(g.samples):
+                if s.parked_at is not None and (s.parked_at < self.version or (idle and self.trainer_waiting)):
+                    self._submit(prompt_id, k)
+
+    def _group(self, prompt_id: int, g: _Group) -> RolloutGroup:
+        return RolloutGroup(
+            prompt_id,
+            g.prompt_ids,
+            [s.ids for s in g.samples],
+            [s.logprobs for s in g.samples],
+            [stitch(s.pieces, s.lengths) for s in g.samples],
+            [s.truncated for s in g.samples],
+            {"pieces": [len(s.pieces) for s in g.samples], "engine_busy_s": self.busy_s},
+        )
+
+    def _send(self, msg) -> None:
+        self.outbox.append(msg)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Move answers to the bounded output queue while it has room; the rest waits for the next pass."""
+        while self.outbox:
+            try:
+                self.out.put_nowait(self.outbox[0])
+            except queue.Full:
+                return
+            self.outbox.pop(0)
+
+
+_RPCS = {
+    "init_weight_transfer_engine",
+    "start_weight_update",
+    "update_weights",
+    "finish_weight_update",
+    "update_weight_version",
+    "shutdown_weight_transfer_engine",
+    "get_weight_version",
+}
+
+
+def worker_main(spec: WorkerSpec, ctrl, out, beat, parent_pid: int) -> None:
+    """The rollout process's entry point (a spawn target): arm the parent-death signal, build, serve."""
+    die_with_parent(parent_pid)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: one child
+    beat.value = time.monotonic()
+    out.put(("started", os.getpid()))
+    try:
+        worker = RolloutWorker(spec, out, beat)
+        out.put(("ready", {"pid": os.getpid(), "version": worker.version}))
+        worker.run(ctrl)
+    except BaseException:
+        out.put(("error", traceback.format_exc()))
+        raise SystemExit(1)

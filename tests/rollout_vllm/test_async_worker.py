@@ -1,0 +1,227 @@
+"""The rollout process of asynchronous training on vLLM's CPU build: one worker engine for the module.
+
+The tests run in file order: the last ones kill the worker, then start an in-process engine (never two vLLM
+engines at once on the small test machine).
+"""
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+import torch
+from vllm_reference import TOL, hf_logprobs, tiny_config, tiny_pair
+
+from fastrl.trainer.rollout.async_client import AsyncRollout, RolloutWorkerError
+from fastrl.trainer.rollout.async_worker import WorkerSpec, request_seed
+from fastrl.trainer.rollout.weight_push import WeightPush
+from fastrl.trainer.staleness import VersionSpan
+from fastrl.trainer.tiny.export import save_tiny
+
+pytestmark = pytest.mark.slow
+SEED = 11
+STATE = {}  # what the tests hand on to the later ones
+
+
+def spec_of(config, path, tokenizer, **kw) -> WorkerSpec:
+    fields = dict(model=path, dtype="float32", max_model_len=config.max_prompt_length + config.max_completion_length,
+                  seed=config.seed, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                  min_p=config.min_p, max_tokens=config.max_completion_length, min_tokens=0,
+                  stop_ids=(tokenizer.eos_token_id,), kv_cache_bytes=int(0.25 * 2**30))  # fmt: skip
+    return WorkerSpec(**{**fields, **kw})
+
+
+@pytest.fixture(scope="module")
+def served():
+    config, model, tokenizer = tiny_pair()
+    export = tempfile.TemporaryDirectory(prefix="fastrl-tiny-")
+    path = save_tiny(model, tokenizer, export.name)
+    t = time.monotonic()
+    rollout = AsyncRollout(spec_of(config, path, tokenizer), startup_timeout_s=900, timeout_s=120).start()
+    print(f"rollout worker ready in {time.monotonic() - t:.1f} s")
+    push = WeightPush(rollout, model)
+    push.push(0)
+    yield config, model, tokenizer, rollout, push, path
+    rollout.close()
+    export.cleanup()
+
+
+def wait_parked(rollout, count: int, timeout_s: float = 120) -> None:
+    """Until `count` pieces have been parked in all; no group may finish meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while len(rollout.parked) < count:
+        assert time.monotonic() < deadline, f"{len(rollout.parked)} pieces parked, expected {count}"
+        assert not rollout.ready_groups()
+        time.sleep(0.05)
+
+
+@torch.no_grad()
+def no_eos_logprobs(model, prompt, completion):
+    """Log-probs under the sampler's distribution while min_tokens bans the end token (vLLM masks it)."""
+    ids = torch.tensor([prompt + completion])
+    logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / tiny_config().temperature
+    logits[:, model.config.eos_token_id] = float("-inf")
+    return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def prompts_of(tokenizer):
+    return [tokenizer.encode(q, add_special_tokens=True) for q in ("3+4=", "9+9=", "1+8=")]
+
+
+def test_groups_carry_behaviour_logprobs_versions_and_seeded_tokens(served):
+    config, model, tokenizer, rollout, _, _ = served
+    prompts, n = prompts_of(tokenizer), 4
+    for i, p in enumerate(prompts):
+        rollout.submit(i, p, n, SEED)
+    groups = sorted((rollout.next_group() for _ in prompts), key=lambda g: g.prompt_id)
+    assert [g.prompt_id for g in groups] == [0, 1, 2] and not rollout.in_flight
+    for g, p in zip(groups, prompts):
+        assert g.prompt_ids == p and len(g.completion_ids) == n
+        for ids, lps, spans, cut in zip(g.completion_ids, g.logprobs, g.spans, g.truncated):
+            assert spans == (VersionSpan(0, 0, len(ids)),)
+            assert cut == (ids[-1] != tokenizer.eos_token_id) and len(ids) <= config.max_completion_length
+            ref = hf_logprobs(model, p, ids, temperature=config.temperature)
+            assert (ref - torch.tensor(lps)).abs().max() < TOL  # the behaviour log-prob: processed, at temperature
+    assert len({tuple(ids) for g in groups for ids in g.completion_ids}) > n  # seeds differ per sample
+    rollout.submit(0, prompts[0], n, SEED)  # the same prompt id and seed: the same tokens
+    assert rollout.next_group().completion_ids == groups[0].completion_ids
+    STATE["tokens"] = {g.prompt_id: g.completion_ids for g in groups}
+
+
+def test_partial_rollout_continues_under_new_weights_with_stitched_spans(served):
+    config, model, tokenizer, rollout, push, _ = served
+    prompt, n, chunk, length = prompts_of(tokenizer)[1], 2, 3, 8
+    rollout.parked.clear()
+    rollout.submit(7, prompt, n, SEED, max_tokens=length, min_tokens=length, chunk_tokens=chunk)
+    wait_parked(rollout, n)  # both samples used their first chunk under version 0 and wait
+    old = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    push.push(1)  # parked pieces resume under version 1, without the trainer waiting
+    wait_parked(rollout, 2 * n)  # their second chunk ran and parked again
+    group = rollout.next_group()  # "waiting": the last piece runs under version 1 while the trainer waits
+    for ids, lps, spans in zip(group.completion_ids, group.logprobs, group.spans):
+        assert len(ids) == length
+        assert spans == (VersionSpan(0, 0, chunk), VersionSpan(1, chunk, length))
+        lp, before, after = torch.tensor(lps), no_eos_logprobs(old, prompt, ids), no_eos_logprobs(model, prompt, ids)
+        assert (before[:chunk] - lp[:chunk]).abs().max() < TOL  # each token's behaviour log-prob: its version's
+        assert (after[chunk:] - lp[chunk:]).abs().max() < TOL
+        assert (before[chunk:] - lp[chunk:]).abs().max() > 0.05
+    assert group.meta["pieces"] == [3, 3]
+    model.load_state_dict(old.state_dict())
+    push.push(2)
+
+
+def test_parked_pieces_resume_when_the_trainer_waits(served):
+    """Without a new version, pieces continue once the engine idles and the trainer is waiting (no deadlock)."""
+    _, _, tokenizer, rollout, _, _ = served
+    rollout.submit(8, prompts_of(tokenizer)[2], 2, SEED, max_tokens=6, min_tokens=6, chunk_tokens=2)
+    group = rollout.next_group()
+    assert group.spans == [(VersionSpan(2, 0, 6),)] * 2 and group.meta["pieces"] == [3, 3]
+
+
+def test_killed_worker_is_reported_within_the_timeout(served):
+    _, _, tokenizer, rollout, _, _ = served
+    rollout.submit(9, prompts_of(tokenizer)[0], 64, SEED, max_tokens=12, min_tokens=12, chunk_tokens=1)
+    os.kill(rollout.pid, signal.SIGKILL)
+    t = time.monotonic()
+    with pytest.raises(RolloutWorkerError, match="exited with code -9"):
+        rollout.next_group()
+    assert time.monotonic() - t < 10
+
+
+def test_worker_tokens_equal_an_in_process_engine_with_the_same_seeds(served):
+    """The seeds make a request's tokens independent of the process and the batch it ran in."""
+    from vllm import LLM, SamplingParams
+
+    config, _, tokenizer, rollout, _, path = served
+    assert not rollout.process.is_alive()  # never two engines at once
+    spec = spec_of(config, path, tokenizer)
+    llm = LLM(model=path, dtype="float32", max_model_len=spec.max_model_len, seed=spec.seed, enforce_eager=True,
+              logprobs_mode="processed_logprobs", kv_cache_memory_bytes=spec.kv_cache_bytes)  # fmt: skip
+    try:
+        for prompt_id, p in enumerate(prompts_of(tokenizer)):
+            params = [
+                SamplingParams(
+                    temperature=spec.temperature,
+                    top_p=spec.top_p,
+                    max_tokens=spec.max_tokens,
+                    stop_token_ids=list(spec.stop_ids),
+                    seed=request_seed(SEED, prompt_id, k),
+                )  # fmt: skip
+                for k in range(4)
+            ]
+            outs = llm.generate([{"prompt_token_ids": p}] * 4, params, use_tqdm=False)
+            assert [list(o.outputs[0].token_ids) for o in outs] == STATE["tokens"][prompt_id]
+    finally:
+        del llm
+
+
+def test_hung_worker_is_reported_within_the_timeout(served):
+    config, _, tokenizer, _, _, path = served
+    rollout = AsyncRollout(spec_of(config, path, tokenizer), startup_timeout_s=4, timeout_s=4).start(wait=False)
+    try:
+        rollout._expect("started", 60, "start")
+        os.kill(rollout.pid, signal.SIGSTOP)  # alive, silent
+        t = time.monotonic()
+        with pytest.raises(RolloutWorkerError, match="no heartbeat"):
+            rollout._expect("ready", rollout.startup_timeout_s, "start")
+        assert time.monotonic() - t < 10
+    finally:
+        rollout.close()
+
+
+def test_worker_dies_with_a_killed_trainer(served, tmp_path):
+    config, _, tokenizer, _, _, path = served
+    spec = spec_of(config, path, tokenizer)
+    code = textwrap.dedent(f"""
+        import sys, time
+        from fastrl.trainer.rollout.async_client import AsyncRollout
+        from fastrl.trainer.rollout.async_worker import WorkerSpec
+        if __name__ == "__main__":
+            r = AsyncRollout(WorkerSpec(**{spec.__dict__!r})).start(wait=False)
+            r._expect("started", 60, "start")
+            print(r.pid, flush=True)
+            time.sleep(600)
+    """)
+    script = tmp_path / "trainer.py"
+    script.write_text(code)
+    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(trainer.stdout.readline())
+        trainer.kill()
+        trainer.wait(10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and _alive(child):
+            time.sleep(0.1)
+        assert not _alive(child), f"rollout worker {child} outlived its SIGKILLed trainer"
+    finally:
+        trainer.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_gpu_weight_transfer_is_vllms_nccl_engine():
+    """Off a GPU only the wiring: vLLM's nccl trainer engine takes the init info WeightPush builds."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+    info = NCCLTrainerInitInfo(rank=0, master_address="127.0.0.1", master_port=29555, world_size=2)
+    assert info.backend == "nccl" and info.is_sender
+    assert WeightTransferTrainerFactory._registry["nccl"]().__name__ == "NCCLTrainerWeightTransferEngine"
+    with pytest.raises(ValueError, match="nccl="):
+        WeightPush(None, None, backend="nccl")
+    with pytest.raises(ValueError, match="unknown weight-transfer backend"):
+        WeightPush(None, None, backend="ipc")

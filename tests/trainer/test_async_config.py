@@ -1,0 +1,35 @@
+"""The settings of asynchronous rollouts: vLLM only, and what they cannot be combined with."""
+
+import pytest
+
+from fastrl.trainer.cli import main
+from fastrl.trainer.config import ConfigError, make_config
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        pytest.param(dict(engine="hf", async_staleness=1), "async_staleness", id="hf-engine"),
+        pytest.param(dict(engine="auto", async_staleness=0), "async_staleness", id="auto-engine"),
+        pytest.param(dict(engine="vllm", async_staleness=1, minibatches=2), "async_staleness", id="two-steps"),
+        pytest.param(dict(engine="vllm", async_staleness=0, fsdp=True), "fsdp", id="fsdp"),
+        pytest.param(dict(engine="vllm", async_staleness=0, thinking_budget=4), "thinking_budget", id="thinking"),
+        pytest.param(dict(engine="vllm", rollout_chunk_tokens=4), "rollout_chunk_tokens", id="chunks-without-async"),
+        pytest.param(dict(engine="vllm", async_staleness=-2), "async_staleness", id="below-minus-one"),
+        pytest.param(dict(engine="vllm", async_staleness=0, rollout_timeout_s=0), "rollout_timeout_s", id="timeout"),
+    ],
+)
+def test_refused_settings_name_the_field(overrides, field):
+    with pytest.raises(ConfigError) as e:
+        make_config("tiny", **overrides)
+    assert e.value.field == field
+
+
+def test_accepted_settings_and_the_help_text(capsys):
+    c = make_config("tiny", engine="vllm", async_staleness=1, rollout_chunk_tokens=4)
+    assert (c.async_staleness, c.rollout_chunk_tokens, c.rollout_timeout_s) == (1, 4, 600.0)
+    assert make_config("tiny", engine="vllm", async_staleness=0, minibatches=2).minibatches == 2  # K = 0: as today
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--async-staleness" in text and "not HF" in text and "--rollout-chunk-tokens" in text
