@@ -20,19 +20,12 @@ import triton.language as tl
 
 from .. import configs
 from .params import LogprobParams
-from .tile import dot_flags, logit_tile, row_scale_of, softcap_tile
+from .tile import OPTIONAL_INPUTS, capped_logit_tile, dot_flags, row_scale_of
 
 __all__ = ["logprob_backward", "logprob_dz_kernel"]
 
 
-@triton.heuristics(
-    {
-        "HAS_BIAS": lambda args: args["bias"] is not None,
-        "HAS_ENTROPY_GRAD": lambda args: args["grad_entropy"] is not None,
-        "HAS_THRESHOLD": lambda args: args["theta"] is not None,
-        "HAS_ROW_SCALE": lambda args: args["row_scale"] is not None,
-    }
-)
+@triton.heuristics({**OPTIONAL_INPUTS, "HAS_ENTROPY_GRAD": lambda args: args["grad_entropy"] is not None})
 @triton.jit
 def logprob_dz_kernel(
     hidden,
@@ -88,15 +81,10 @@ def logprob_dz_kernel(
     m_c = o_c < n_cols
     o_v = v_lo + o_c.to(tl.int64)
 
-    b_z = logit_tile(
-        hidden, weight, o_n, m_n, o_v, m_c, D, stride_hn, stride_hd, stride_wv, stride_wd,
-        BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
+    b_z = capped_logit_tile(
+        hidden, weight, bias, softcap, o_n, m_n, o_v, m_c, D, stride_hn, stride_hd, stride_wv, stride_wd,
+        stride_b, HAS_BIAS, HAS_SOFTCAP, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
     )  # fmt: skip
-    if HAS_BIAS:
-        b_b = tl.load(bias + o_v * stride_b, mask=m_c, other=0.0).to(tl.float32)
-        b_z += b_b[None, :]
-    if HAS_SOFTCAP:
-        b_z = softcap_tile(b_z, softcap)  # [BN, BV]
     if HAS_ROW_SCALE:
         b_scale = row_scale_of(row_scale, o_n, m_n, inv_temperature)[:, None]  # [BN, 1]
     else:

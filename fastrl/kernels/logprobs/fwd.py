@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .. import configs
 from .params import LogprobParams
-from .tile import dot_flags, logit_tile, row_scale_of, softcap_tile
+from .tile import OPTIONAL_INPUTS, capped_logit_tile, dot_flags, row_scale_of, softcap_tile
 
 __all__ = ["logprob_forward", "logprob_fwd_kernel", "logprob_partials", "merge_partials"]
 
@@ -68,14 +68,7 @@ def _target_logit(
     return b_acc * b_scale
 
 
-@triton.heuristics(
-    {
-        "HAS_BIAS": lambda args: args["bias"] is not None,
-        "HAS_ENTROPY": lambda args: args["part_t"] is not None,
-        "HAS_THRESHOLD": lambda args: args["theta"] is not None,
-        "HAS_ROW_SCALE": lambda args: args["row_scale"] is not None,
-    }
-)
+@triton.heuristics({**OPTIONAL_INPUTS, "HAS_ENTROPY": lambda args: args["part_t"] is not None})
 @triton.jit
 def logprob_fwd_kernel(
     hidden,
@@ -136,15 +129,10 @@ def logprob_fwd_kernel(
     for i_t in range(t_lo, t_hi):
         o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
         m_v = o_v < V
-        b_z = logit_tile(
-            hidden, weight, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv, stride_wd,
-            BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
+        b_z = capped_logit_tile(
+            hidden, weight, bias, softcap, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv, stride_wd,
+            stride_b, HAS_BIAS, HAS_SOFTCAP, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
         )  # fmt: skip
-        if HAS_BIAS:
-            b_b = tl.load(bias + o_v.to(tl.int64) * stride_b, mask=m_v, other=0.0).to(tl.float32)
-            b_z += b_b[None, :]
-        if HAS_SOFTCAP:
-            b_z = softcap_tile(b_z, softcap)
         if HAS_ROW_SCALE:
             b_z = b_z * b_scale[:, None]
         else:

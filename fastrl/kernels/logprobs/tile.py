@@ -1,7 +1,8 @@
 """The `[BLOCK_N, BLOCK_V]` logit tile both log-prob kernels build: a tensor-core K-loop over D.
 
-Also the pieces of the final logit both kernels apply to it: the soft-cap `cap·tanh(x / cap)` and the
-per-row scale (1/τ, or a per-row factor times it).
+Also the pieces of the final logit both kernels apply to it: the bias and the soft-cap `cap·tanh(x / cap)`
+(`capped_logit_tile`), the per-row scale (1/τ, or a per-row factor times it), and the constexpr flags of the
+optional inputs both kernels take.
 """
 
 import os
@@ -10,7 +11,23 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["dot_flags", "dot_precision", "dot_upcast", "logit_tile", "row_scale_of", "softcap_tile"]
+__all__ = [
+    "OPTIONAL_INPUTS",
+    "capped_logit_tile",
+    "dot_flags",
+    "dot_precision",
+    "dot_upcast",
+    "logit_tile",
+    "row_scale_of",
+    "softcap_tile",
+]
+
+# The optional inputs of both kernels become constexpr flags: a None pointer compiles its branch away.
+OPTIONAL_INPUTS = {
+    "HAS_BIAS": lambda args: args["bias"] is not None,
+    "HAS_THRESHOLD": lambda args: args["theta"] is not None,
+    "HAS_ROW_SCALE": lambda args: args["row_scale"] is not None,
+}
 
 
 def dot_precision(dtype: torch.dtype):
@@ -87,3 +104,21 @@ def logit_tile(
         p_h += BLOCK_D * stride_hd
         p_w += BLOCK_D * stride_wd
     return b_acc
+
+
+@triton.jit
+def capped_logit_tile(hidden, weight, bias, softcap, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv, stride_wd,
+                      stride_b, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                      DOT_UPCAST: tl.constexpr):  # fmt: skip
+    # [BN, BV]: softcap(h·W + b), the final logits before the row scale
+    b_z = logit_tile(
+        hidden, weight, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv, stride_wd,
+        BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
+    )  # fmt: skip
+    if HAS_BIAS:
+        b_b = tl.load(bias + o_v.to(tl.int64) * stride_b, mask=m_v, other=0.0).to(tl.float32)
+        b_z += b_b[None, :]
+    if HAS_SOFTCAP:
+        b_z = softcap_tile(b_z, softcap)
+    return b_z

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .. import configs
 from .params import PolicyLossParams
-from .terms import OPTIONAL_INPUTS, launch_args, load_row_block, token_terms
+from .terms import OPTIONAL_INPUTS, block_terms, launch_args
 
 __all__ = ["policy_bwd", "policy_bwd_kernel"]
 
@@ -41,16 +41,12 @@ def policy_bwd_kernel(logp, old, ref, weight, entropy, adv, mask, seq_log_ratio,
         b_acc = tl.zeros([BLOCK_T], dtype=tl.float32)
         b_cnt = tl.zeros([BLOCK_T], dtype=tl.float32)
         for start in range(0, T, BLOCK_T):
-            o_t = start + tl.arange(0, BLOCK_T)
-            m_t = o_t < T
-            b_m, b_lp, b_old, b_adv, b_ref, b_w, b_h = load_row_block(
-                logp, old, ref, weight, entropy, adv, mask, row, o_t, m_t, b_adv_row,
-                HAS_OLD, HAS_REF, HAS_WEIGHT, HAS_ENTROPY, ADV_PER_TOKEN,
-            )  # fmt: skip
-            b_r = tl.full([BLOCK_T], 0.0, tl.float32) + b_seq_r
-            _, b_d_r, _, _, _, _, _ = token_terms(
-                b_r, b_adv, b_lp, b_ref, b_w, b_h, eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef,
-                tau_pos, tau_neg, PG, HAS_DUAL, HAS_REF, HAS_ENTROPY, KL, HAS_KL_CLIP, KL_BIAS,
+            # the sequence ratio r_seq on every live token (a masked one's term is dropped below)
+            _, _, b_m, _, _, _, _, _, b_d_r, _, _, _, _, _ = block_terms(
+                logp, old, ref, weight, entropy, adv, mask, row, start, T, b_adv_row, b_seq_lr,
+                eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef, tau_pos, tau_neg,
+                HAS_OLD, HAS_REF, HAS_WEIGHT, HAS_ENTROPY, HAS_DUAL, ADV_PER_TOKEN, PG, SEQ_RATIO, KL, HAS_KL_CLIP,
+                KL_BIAS, BLOCK_T,
             )  # fmt: skip
             b_acc += tl.where(b_m, b_d_r, 0.0)
             b_cnt += b_m.to(tl.float32)
@@ -58,20 +54,11 @@ def policy_bwd_kernel(logp, old, ref, weight, entropy, adv, mask, seq_log_ratio,
         b_sum = tl.sum(b_acc, axis=0)
         b_seq_coef = tl.where(b_sum == 0.0, 0.0, b_sum * b_seq_r / tl.maximum(tl.sum(b_cnt, axis=0), 1.0))
     for start in range(0, T, BLOCK_T):
-        o_t = start + tl.arange(0, BLOCK_T)
-        m_t = o_t < T
-        b_m, b_lp, b_old, b_adv, b_ref, b_w, b_h = load_row_block(
-            logp, old, ref, weight, entropy, adv, mask, row, o_t, m_t, b_adv_row,
-            HAS_OLD, HAS_REF, HAS_WEIGHT, HAS_ENTROPY, ADV_PER_TOKEN,
-        )  # fmt: skip
-        if SEQ_RATIO:
-            b_lr = tl.where(b_m, b_seq_lr, 0.0)
-        else:
-            b_lr = b_lp - b_old
-        b_r = tl.exp(b_lr)
-        _, b_d_r, b_d_lp, _, _, _, _ = token_terms(
-            b_r, b_adv, b_lp, b_ref, b_w, b_h, eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef,
-            tau_pos, tau_neg, PG, HAS_DUAL, HAS_REF, HAS_ENTROPY, KL, HAS_KL_CLIP, KL_BIAS,
+        o_t, m_t, b_m, _, b_r, _, _, _, b_d_r, b_d_lp, _, _, _, _ = block_terms(
+            logp, old, ref, weight, entropy, adv, mask, row, start, T, b_adv_row, b_seq_lr,
+            eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef, tau_pos, tau_neg,
+            HAS_OLD, HAS_REF, HAS_WEIGHT, HAS_ENTROPY, HAS_DUAL, ADV_PER_TOKEN, PG, SEQ_RATIO, KL, HAS_KL_CLIP, KL_BIAS,
+            BLOCK_T,
         )  # fmt: skip
         if SEQ_GRAD:
             b_d = b_seq_coef + b_d_lp

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import configs
 from .params import NUM_STATS, STAT_CONSTEXPRS, PolicyLossParams
-from .terms import OPTIONAL_INPUTS, launch_args, load_row_block, row_log_ratio, token_terms
+from .terms import OPTIONAL_INPUTS, block_terms, launch_args, row_log_ratio
 
 __all__ = ["policy_fwd", "policy_fwd_kernel"]
 
@@ -50,20 +50,11 @@ def policy_fwd_kernel(logp, old, ref, weight, entropy, adv, mask, row_loss, stat
     b_acc_h = tl.zeros([BLOCK_T], dtype=tl.float32)
     b_acc_w = tl.zeros([BLOCK_T], dtype=tl.float32)
     for start in range(0, T, BLOCK_T):
-        o_t = start + tl.arange(0, BLOCK_T)
-        m_t = o_t < T
-        b_m, b_lp, b_old, b_adv, b_ref, b_w, b_h = load_row_block(
-            logp, old, ref, weight, entropy, adv, mask, row, o_t, m_t, b_adv_row,
-            HAS_OLD, HAS_REF, HAS_WEIGHT, HAS_ENTROPY, ADV_PER_TOKEN,
-        )  # fmt: skip
-        if SEQ_RATIO:
-            b_lr = tl.where(b_m, b_seq_lr, 0.0)
-        else:
-            b_lr = b_lp - b_old
-        b_r = tl.exp(b_lr)
-        b_loss, _, _, b_low, b_high, b_dual, b_kl = token_terms(
-            b_r, b_adv, b_lp, b_ref, b_w, b_h, eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef,
-            tau_pos, tau_neg, PG, HAS_DUAL, HAS_REF, HAS_ENTROPY, KL, HAS_KL_CLIP, KL_BIAS,
+        _, _, b_m, b_lr, b_r, b_w, b_h, b_loss, _, _, b_low, b_high, b_dual, b_kl = block_terms(
+            logp, old, ref, weight, entropy, adv, mask, row, start, T, b_adv_row, b_seq_lr,
+            eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef, tau_pos, tau_neg,
+            HAS_OLD, HAS_REF, HAS_WEIGHT, HAS_ENTROPY, HAS_DUAL, ADV_PER_TOKEN, PG, SEQ_RATIO, KL, HAS_KL_CLIP, KL_BIAS,
+            BLOCK_T,
         )  # fmt: skip
         b_mf = b_m.to(tl.float32)
         b_acc_loss += tl.where(b_m, b_loss, 0.0)

@@ -1,7 +1,8 @@
 """The token-level Triton code the policy-loss forward and backward kernels share (docs/math.md §2).
 
 `load_row_block` reads one `[BLOCK_T]` block of a row and neutralizes its masked positions;
-`token_terms` gives ℓ and its partial derivatives per token (`kl_terms` the KL estimate's);
+`token_terms` gives ℓ and its partial derivatives per token (`kl_terms` the KL estimate's), and
+`block_terms` is one step of both kernels' row walks: a block loaded, its ratio formed, its terms;
 `row_log_ratio` is the masked mean log ratio of a sequence-level ratio. `launch_args` turns a
 `PolicyLossParams` into the kernels' runtime scalars (eps, c, β, α, τ, the KL clamp: a new value never
 recompiles) and constexpr flags. `weight` is the detached per-token factor of the policy term
@@ -15,7 +16,15 @@ import triton.language as tl
 from .. import configs
 from .params import KL_CODES, PG_CODES, SAPO_SATURATED, PolicyLossParams
 
-__all__ = ["OPTIONAL_INPUTS", "kl_terms", "launch_args", "load_row_block", "row_log_ratio", "token_terms"]
+__all__ = [
+    "OPTIONAL_INPUTS",
+    "block_terms",
+    "kl_terms",
+    "launch_args",
+    "load_row_block",
+    "row_log_ratio",
+    "token_terms",
+]
 
 # Optional inputs become constexpr flags: a None pointer compiles its branch away.
 OPTIONAL_INPUTS = {
@@ -129,6 +138,32 @@ def token_terms(b_r, b_adv, b_lp, b_ref, b_w, b_h, eps_low, eps_high, dual_clip,
     if HAS_ENTROPY:
         b_loss -= tl.where(entropy_coef != 0.0, entropy_coef * b_h, 0.0)
     return b_loss, b_d_r, b_d_lp, b_low, b_high, b_dual, b_kl
+
+
+@triton.jit
+def block_terms(logp, old, ref, weight, entropy, adv, mask, row, start, T, b_adv_row, b_seq_lr,
+                eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef, tau_pos, tau_neg,
+                HAS_OLD: tl.constexpr, HAS_REF: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_ENTROPY: tl.constexpr,
+                HAS_DUAL: tl.constexpr, ADV_PER_TOKEN: tl.constexpr, PG: tl.constexpr, SEQ_RATIO: tl.constexpr,
+                KL: tl.constexpr, HAS_KL_CLIP: tl.constexpr, KL_BIAS: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
+    # the `[BLOCK_T]` block of a row from `start`: its log ratio (the sequence's under SEQ_RATIO), ratio and
+    # token terms; what a kernel does not use is compiled away
+    o_t = start + tl.arange(0, BLOCK_T)
+    m_t = o_t < T
+    b_m, b_lp, b_old, b_adv, b_ref, b_w, b_h = load_row_block(
+        logp, old, ref, weight, entropy, adv, mask, row, o_t, m_t, b_adv_row,
+        HAS_OLD, HAS_REF, HAS_WEIGHT, HAS_ENTROPY, ADV_PER_TOKEN,
+    )  # fmt: skip
+    if SEQ_RATIO:
+        b_lr = tl.where(b_m, b_seq_lr, 0.0)
+    else:
+        b_lr = b_lp - b_old
+    b_r = tl.exp(b_lr)
+    b_loss, b_d_r, b_d_lp, b_low, b_high, b_dual, b_kl = token_terms(
+        b_r, b_adv, b_lp, b_ref, b_w, b_h, eps_low, eps_high, dual_clip, beta, kl_clip, entropy_coef,
+        tau_pos, tau_neg, PG, HAS_DUAL, HAS_REF, HAS_ENTROPY, KL, HAS_KL_CLIP, KL_BIAS,
+    )  # fmt: skip
+    return o_t, m_t, b_m, b_lr, b_r, b_w, b_h, b_loss, b_d_r, b_d_lp, b_low, b_high, b_dual, b_kl
 
 
 @triton.jit

@@ -22,6 +22,7 @@ def builds():
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow  # the builds run in a subprocess
 def test_every_variant_compiles_without_spills(builds):
     # 2 archs × 2 temperature modes × 2 flags × (1 stats + 3 ∂z dtypes), and 2 archs × 2 kernels with int64 ints
     assert len(builds) == 2 * 2 * 2 * 4 + 2 * 2

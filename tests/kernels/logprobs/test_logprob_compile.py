@@ -94,6 +94,7 @@ def _plan_id(p) -> str:
     return "-".join(str(x) for x in p if x != "")
 
 
+@pytest.mark.slow  # the builds run in a subprocess
 @pytest.mark.parametrize("kernel, config, arch, dtype, variant", PLAN, ids=[_plan_id(p) for p in PLAN])
 def test_compiles_without_spills_on_tensor_cores(builds, kernel, config, arch, dtype, variant):
     row = builds[(kernel, config, arch, dtype, variant)]

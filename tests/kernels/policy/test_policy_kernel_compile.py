@@ -23,6 +23,7 @@ def builds():
     return head["expected"], rows
 
 
+@pytest.mark.slow  # the builds run in a subprocess
 def test_every_variant_compiles_without_spills(builds):
     expected, builds = builds
     assert len(builds) == expected > 60
