@@ -9,6 +9,7 @@ command it ran. The check covers every collected test path (tests/ and bench/).
 import contextlib
 import multiprocessing.process
 import subprocess
+import threading
 import venv
 
 import pytest
@@ -18,21 +19,27 @@ _SLOW_REASON = "starts another process but is not marked slow: add @pytest.mark.
 
 @contextlib.contextmanager
 def recording_process_starts(started: list):
-    """Append a description of each process start (Popen, multiprocessing, venv) to `started` while inside."""
+    """Append a description of each process start (Popen, multiprocessing, venv) to `started` while inside.
+
+    Only starts from the main thread count: a pool's background thread that replaces a worker may run during any
+    later test, which did not start it."""
     popen_init = subprocess.Popen.__init__
     process_start = multiprocessing.process.BaseProcess.start
     venv_create = venv.EnvBuilder.create
 
     def popen(self, args, *a, **kw):
-        started.append(f"subprocess {args if isinstance(args, str) else ' '.join(map(str, args))}"[:300])
+        if threading.current_thread() is threading.main_thread():
+            started.append(f"subprocess {args if isinstance(args, str) else ' '.join(map(str, args))}"[:300])
         return popen_init(self, args, *a, **kw)
 
     def start(self):
-        started.append(f"multiprocessing child {self.name}")
+        if threading.current_thread() is threading.main_thread():
+            started.append(f"multiprocessing child {self.name}")
         return process_start(self)
 
     def create(self, env_dir):
-        started.append(f"venv {env_dir}")
+        if threading.current_thread() is threading.main_thread():
+            started.append(f"venv {env_dir}")
         return venv_create(self, env_dir)
 
     subprocess.Popen.__init__ = popen

@@ -80,6 +80,7 @@ def test_rss_peak_sees_a_touched_allocation():
     assert 60 * 2**20 <= peak < 200 * 2**20
 
 
+@pytest.mark.slow
 def test_cpu_memory_is_measured_in_a_subprocess():
     r = run(tlp_bench.OP.providers["eager"], settings=Settings(warmup=0, reps=2, budget_s=1.0, memory=True))
     assert r.status == "ref", r.note
@@ -97,6 +98,7 @@ def test_fail_row_renders_without_numbers():
     assert "FAIL" in bad and "ms" not in bad and bad.count("—") >= 5
 
 
+@pytest.mark.slow
 def test_cli_quick_writes_json_markdown_and_plots(tmp_path, monkeypatch):
     monkeypatch.setattr(tlp_bench, "CPU_QUICK", [dict(N=n, D=40, V=1001) for n in (64, 128)])
     monkeypatch.setattr(grpo_bench, "CPU_QUICK", [dict(B=2, T=t, D=40, V=1001) for t in (32, 64)])
@@ -255,6 +257,7 @@ def test_floor_calibration_records_a_tiling_per_part(monkeypatch):
     assert f"N_live=37 D=8 V=50 logits: {layout}, {size}" in floors.tilings_line()
 
 
+@pytest.mark.slow
 def test_cli_acceptance_prints_a_verdict(tmp_path, monkeypatch):
     monkeypatch.setattr(tlp_bench, "ACCEPTANCE", dict(N=96, D=16, V=300))
     monkeypatch.setattr(grpo_bench, "ACCEPTANCE", dict(B=2, T=24, D=16, V=300))
@@ -319,6 +322,7 @@ def test_the_blas_floor_binds_every_candidate():
     assert _floor_errors(_big_floors() + fast) == expected
 
 
+@pytest.mark.slow
 def test_a_planted_slowdown_fires_and_the_run_says_it_is_planted(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tlp_bench, "ACCEPTANCE", dict(N=96, D=16, V=300))
     monkeypatch.setattr(grpo_bench, "ACCEPTANCE", dict(B=2, T=24, D=16, V=300))

@@ -15,6 +15,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "fastrl"
 MAX_LINES = 400
 
@@ -103,6 +105,7 @@ def test_rewards_import_neither_torch_nor_the_trainer():
     assert not _offenders("fastrl.rewards", ("torch", "fastrl.trainer"))
 
 
+@pytest.mark.slow
 def test_importing_rewards_loads_no_torch():
     assert "fastrl.rewards" in MODULES
     env = {**os.environ, "PYTHONPATH": str(ROOT.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 from _batches import uneven_batch
 from _spawn import spawn
@@ -27,6 +28,7 @@ def _worker(rank, world, out_dir):
         torch.save({"params": params, "loss": loss}, os.path.join(out_dir, f"{agg}-rank{rank}.pt"))
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_take_the_single_process_step(tmp_path):
     spawn(_worker, 2, tmp_path, str(tmp_path))
     for agg in AGGS:

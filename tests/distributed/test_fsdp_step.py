@@ -55,6 +55,7 @@ def _worker(rank, world, out_dir):
     torch.save(dict(params=params, bytes=measured, losses=losses, logp=logp, plan=plan), f"{out_dir}/rank{rank}.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fsdp_steps_equal_single_process_with_half_the_bytes(tmp_path):
     spawn(_worker, 2, tmp_path, str(tmp_path))

@@ -83,12 +83,14 @@ def _compare(tmp_path):
           f"{worst['logp']:.1e}, parameter {worst['params']:.1e}")  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fsdp_untied_qwen2_head_steps_equal_single_process(tmp_path):
     spawn(_worker, 2, tmp_path, str(tmp_path), False)
     _compare(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_head_gathered_outside_fsdp_hooks_is_caught(tmp_path):
     spawn(_worker, 2, tmp_path, str(tmp_path), True)

@@ -51,6 +51,7 @@ def _kill_all(procs):
         p.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigkill_mid_save_leaves_the_last_complete_checkpoint(tmp_path):
     out = str(tmp_path)

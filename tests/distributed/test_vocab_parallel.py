@@ -139,6 +139,7 @@ def test_process_group_needs_torch_distributed():
         token_logprobs(hidden, weight, targets, process_group=object())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 4])
 def test_vocab_parallel_equals_unsharded(world, tmp_path):

@@ -31,6 +31,7 @@ def _lines(out: str, start: str) -> int:
     return sum(line.startswith(start) for line in out.splitlines())
 
 
+@pytest.mark.slow
 def test_verl_checks_pass(verl_python):
     assert _run_in_verl(verl_python, "verl_checks.py").count("ok ") == 24
 

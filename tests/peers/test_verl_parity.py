@@ -21,6 +21,8 @@ from parity_data import MICRO_BATCHES, TOL, B, err, make_batch
 from fastrl import LossConfig, policy_loss
 from fastrl.losses import verl_normalizer
 
+pytestmark = pytest.mark.slow  # every test here starts processes (workers, a CLI, a venv)
+
 PEER = Path(__file__).with_name("verl_peer.py")
 AGG = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 POLICY = ("vanilla", "gspo", "sapo", "cispo", "gpg")

@@ -13,6 +13,8 @@ from fastrl.rewards import VerifierPool, batch_math_equal, math_equal
 from fastrl.rewards.normalize import quick_equal
 from fastrl.rewards.verify import parse_leaf
 
+pytestmark = pytest.mark.slow  # every test here starts processes (the verifier's worker pool)
+
 # Pathological pairs sympy cannot settle quickly: exact evaluation of a 360-million-digit factorial (minutes in
 # pure Python, still many seconds with gmpy2), of a 2^40-bit power. Both are mathematically equal, so only a
 # working time limit makes them return (False).

@@ -13,6 +13,8 @@ import pytest
 
 from fastrl.rewards import VerifierPool, batch_accuracy_reward
 
+pytestmark = pytest.mark.slow  # every test here starts processes (workers, a CLI, a venv)
+
 DATA = pathlib.Path(__file__).parent / "data" / "math_verify_cases.json"
 CASES = json.loads(DATA.read_text())["cases"]
 MIN_AGREEMENT = 0.92

@@ -51,6 +51,7 @@ def test_extract_answer_rejects_non_str():
         extract_answer(3)
 
 
+@pytest.mark.slow
 def test_accuracy_reward():
     assert accuracy_reward("<think>2+2</think> \\boxed{4}", "4") == 1.0
     assert accuracy_reward("<think>2+2</think> \\boxed{4\\sqrt{2}}", "4") == 0.0
@@ -61,6 +62,7 @@ def test_accuracy_reward():
     assert accuracy_reward("\\boxed{7}", 7) == 1.0  # numeric gold
 
 
+@pytest.mark.slow
 def test_batch_accuracy_reward():
     completions = ["\\boxed{4}", "\\boxed{5}", "The answer is 1/2", "\\boxed{(1,2)}", "\\boxed{x"]
     golds = ["4", "4", "0.5", "(2,1)", "x"]

@@ -5,8 +5,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import fastrl
 import fastrl.rewards
+
+pytestmark = pytest.mark.slow  # every test here starts processes (workers, a CLI, a venv)
 
 ROOT = pathlib.Path(fastrl.rewards.__file__).parent
 HEAVY = ("torch", "triton", "numpy", "transformers", "sympy")

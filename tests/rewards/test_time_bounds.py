@@ -10,6 +10,8 @@ import pytest
 
 from fastrl.rewards import VerifierPool, extract_answer, format_reward
 
+pytestmark = pytest.mark.slow  # every test here starts processes (workers, a CLI, a venv)
+
 MB = 1 << 20
 LIMIT_S = 1.0
 # The contract is limit + 0.5 s (measured in the report); CI is a loaded 2-core machine, hence the room.

@@ -8,6 +8,8 @@ import pytest
 
 from fastrl.rewards import VerifierPool, batch_accuracy_reward, extract_answer, gold_answer
 
+pytestmark = pytest.mark.slow  # every test here starts processes (workers, a CLI, a venv)
+
 # (pred, gold, expected), grouped by the spelling they exercise.
 PAIRS = {
     "labelled": [

@@ -55,8 +55,9 @@ def test_async_run_learns_with_bounded_staleness_and_partial_rollouts(tmp_path):
           f"dropped {rows[-1]['async_dropped_groups_total']:.0f}; mean busy (generation, trainer) "
           f"{sum(g for g, _ in busy) / len(busy):.2f}, {sum(t for _, t in busy) / len(busy):.2f}")  # fmt: skip
     assert len(rows) == steps and final - first >= 0.3, acc
+    # tokens trained one version after they were sampled: the rollouts ran ahead of the trainer (the busy fractions
+    # above are timings, printed, not asserted: they depend on the machine's load)
     assert max(r["staleness_max"] for r in rows) <= 1 and sum(stale) > 0
-    assert sum(g + t for g, t in busy) / len(busy) > 1.0  # both sides busy at once: the rollouts ran ahead
 
 
 def _run(out, *flags):

@@ -64,6 +64,7 @@ def _cmd(out, *extra):
             "--group-size", "4", "--no-progress", *extra]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_logs_every_step_once(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

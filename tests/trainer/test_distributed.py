@@ -5,9 +5,12 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from fastrl.trainer.metrics import read_metrics
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_end_to_end(tmp_path):
     """The real entry point under torchrun: ranks shard prompts, rank 0 logs every step once."""
     out = tmp_path / "run"

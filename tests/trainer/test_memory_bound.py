@@ -11,10 +11,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 TOKENS, VOCAB, N_SEQ = 8192, 32000, 2
 LOGITS_MIB = TOKENS * VOCAB * 4 / 2**20
 
 
+@pytest.mark.slow
 def test_fused_step_on_8k_tokens_stays_under_half_a_logits_tensor():
     child = os.path.join(os.path.dirname(__file__), "_memory_child.py")
     proc = subprocess.run(

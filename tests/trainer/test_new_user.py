@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here starts processes (workers, a CLI, a venv)
+
 ROOT = Path(__file__).resolve().parents[2]
 # a run of a few seconds on the built-in tiny model: no warm-up, 2 prompts x 2 completions, short answers
 FAST = ["--preset", "tiny", "--warmup-sft-steps", "0", "--prompts-per-step", "2", "--group-size", "2",

@@ -16,6 +16,7 @@ REQUIRED = (
 )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_tiny_loop_logs_every_metric(tmp_path):
     cfg = make_config("tiny", output_dir=str(tmp_path), max_steps=3, warmup_sft_steps=30, prompts_per_step=8,
                       group_size=4, save_steps=0, progress=False)  # fmt: skip
