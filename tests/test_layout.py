@@ -5,6 +5,8 @@
 - fastrl.hf (Hugging Face model plumbing) imports no other fastrl package and no triton; the TRL integration uses
   it without importing the trainer;
 - fastrl.rewards imports neither torch nor fastrl.trainer (also checked in a fresh interpreter);
+- the fastrl.integrations package (the peers' loss configs) loads no peer, no trainer: neither trl, verl,
+  deepspeed, transformers' Trainer nor fastrl.trainer (also checked in a fresh interpreter);
 - no import cycle among fastrl's modules (imports inside functions included, relative imports resolved);
 - no module over 400 lines; every package `__init__` declares `__all__`.
 """
@@ -112,6 +114,44 @@ def test_importing_rewards_loads_no_torch():
     code = "import fastrl.rewards, sys; assert 'torch' not in sys.modules, 'torch was imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# what `import fastrl.integrations` must not load: the peers and the trainers (the submodules trl / verl import them)
+INTEGRATIONS_HEAVY = ("trl", "verl", "deepspeed", "transformers.trainer", "fastrl.trainer")
+INTEGRATIONS_HEAVY += ("fastrl.integrations.trl", "fastrl.integrations.verl")
+
+
+def _heavy(name: str) -> bool:
+    return any(name == h or name.startswith(h + ".") for h in INTEGRATIONS_HEAVY)
+
+
+def test_integrations_package_imports_no_peer():
+    # the modules `import fastrl.integrations` runs: its package's import-time imports, followed through fastrl
+    todo, seen, loaded = ["fastrl.integrations"], set(), set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            for imported in _imports(name, top_level_only=True):
+                parts = imported.split(".")
+                runs = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}  # `a.b.c` runs `a` and `a.b` too
+                loaded |= runs
+                todo += [m for m in runs if m in MODULES]
+    assert "fastrl.integrations.trl_compat" in seen and "fastrl.losses" in seen
+    assert not sorted(filter(_heavy, loaded)), sorted(filter(_heavy, loaded))
+
+
+@pytest.mark.slow
+def test_importing_integrations_loads_no_peer():
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    code = (
+        "import sys, fastrl.integrations\n"
+        "fastrl.integrations.loss_config_from_trl(object()), fastrl.integrations.loss_config_from_verl({})\n"
+        f"print(sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in {INTEGRATIONS_HEAVY})))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
 
 
 def _graph(modules: dict | None = None) -> dict[str, set[str]]:

@@ -33,7 +33,9 @@ from verl.trainer.ppo.core_algos import register_policy_loss
 
 from fastrl.hf import lm_body_and_head
 from fastrl.kernels import token_logprobs
-from fastrl.losses import LossConfig, policy_loss, verl_normalizer
+from fastrl.losses import LossConfig, policy_loss
+
+from .verl_compat import loss_config_from_verl, verl_normalizer
 
 __all__ = [
     "VERL_FORWARDS",
@@ -61,10 +63,10 @@ def _get(config, name, default=None):
 
 
 def policy_term_config(actor, loss_agg_mode: str) -> LossConfig:
-    """`LossConfig.from_verl` of verl's "vanilla" policy term for this actor config (no KL, no entropy)."""
+    """`loss_config_from_verl` of verl's "vanilla" policy term for this actor config (no KL, no entropy)."""
     fields = {name: _get(actor, name) for name in _POLICY_FIELDS}
     fields.update(loss_agg_mode=loss_agg_mode, policy_loss={"loss_mode": "vanilla"})
-    return LossConfig.from_verl({k: v for k, v in fields.items() if v is not None})
+    return loss_config_from_verl({k: v for k, v in fields.items() if v is not None})
 
 
 @register_policy_loss("fastrl")

@@ -5,8 +5,6 @@ from fastrl.hf import head_softcap, hidden_and_head, lm_body_and_head
 from .config import LossConfig
 from .grpo import GRPOLoss, grpo_loss
 from .policy import METRIC_KEYS, LossOutput, Normalizer, policy_loss
-from .trl_compat import trl_normalizer
-from .verl_compat import verl_normalizer
 
 __all__ = [
     "METRIC_KEYS",
@@ -19,6 +17,4 @@ __all__ = [
     "hidden_and_head",
     "lm_body_and_head",
     "policy_loss",
-    "trl_normalizer",
-    "verl_normalizer",
 ]

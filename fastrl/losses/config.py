@@ -47,8 +47,8 @@ def _choice(name: str, value, choices) -> None:
 class LossConfig:
     """Policy-loss settings. `loss_agg` is stored under its docs/math.md §3 name (a TRL alias is translated).
 
-    `LossConfig.from_trl(grpo_config)` and `LossConfig.from_verl(actor_config)` build the config
-    that reproduces those trainers' loss.
+    `fastrl.integrations.loss_config_from_trl(grpo_config)` and `loss_config_from_verl(actor_config)` build the
+    config that reproduces those trainers' loss.
 
     Raises:
         ValueError / TypeError naming the bad field and value.
@@ -193,24 +193,3 @@ class LossConfig:
             object.__setattr__(self, "max_completion_length", int(length))
         if agg == "seq-mean-token-sum-norm" and length is None:
             raise ValueError(f"loss_agg={given!r} divides by the max completion length: set max_completion_length")
-
-    @classmethod
-    def from_trl(cls, args) -> "LossConfig":
-        """The config whose loss equals TRL's `GRPOTrainer` loss for `args` (a `trl.GRPOConfig`).
-
-        Raises ValueError naming every option of `args` that fastrl does not reproduce.
-        """
-        from .trl_compat import config_from_trl
-
-        return config_from_trl(cls, args)
-
-    @classmethod
-    def from_verl(cls, actor, *, rollout_correction=None, temperature: float = 1.0) -> "LossConfig":
-        """The config whose loss equals verl's actor loss for `actor` (`actor_rollout_ref.actor`, a dict,
-        OmegaConf node or verl `ActorConfig`); `rollout_correction` is `algorithm.rollout_correction`.
-
-        Raises ValueError naming every option that fastrl does not reproduce.
-        """
-        from .verl_compat import config_from_verl
-
-        return config_from_verl(cls, actor, rollout_correction=rollout_correction, temperature=temperature)

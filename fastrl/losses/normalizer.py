@@ -1,6 +1,5 @@
-"""`Normalizer`: a micro-batch's divisors (docs/math.md §3), in a module of its own so that the peer adapters
-(`trl_compat`, `verl_compat`), which `LossConfig.from_trl` / `from_verl` import, and `policy_loss`, which takes
-it, all depend on it without depending on each other."""
+"""`Normalizer`: a micro-batch's divisors (docs/math.md §3), what `policy_loss` takes as `normalizer=` and the
+peers' normalizers (`fastrl.integrations.trl_normalizer` / `verl_normalizer`) return."""
 
 from typing import NamedTuple
 

@@ -228,7 +228,7 @@ def policy_loss(
         config: a `LossConfig` (default `LossConfig()`).
         normalizer: the GLOBAL count of the optimizer step (tokens for token-mean, sequences for the
             seq-mean modes) when one step is split over micro-batches or ranks, or a `Normalizer`
-            (`trl_normalizer` / `verl_normalizer` give the peers'); default: this batch's.
+            (`fastrl.integrations.trl_normalizer` / `verl_normalizer` give the peers'); default: this batch's.
         impl: "auto" (Triton on CUDA, PyTorch elsewhere), "triton" or "torch".
 
     Returns:

@@ -153,6 +153,17 @@ def test_device_mismatch_is_reported():
         (dict(max_completion_length=0), "max_completion_length must be None or a positive int, got 0"),
         (dict(is_cap=0), "is_cap must be None or > 0, got 0"),
         (dict(entropy_coef=None), "entropy_coef must be a float"),
+        (dict(pg_loss="ppo"), "pg_loss"),
+        (dict(is_mode="clip", is_cap=2.0), "is_mode"),
+        (dict(is_min=0.5), "is_min=0.5 needs is_cap"),
+        (dict(is_min=3.0, is_cap=2.0), "is_min must be in"),
+        (dict(top_entropy_quantile=0.0), "top_entropy_quantile"),
+        (dict(kl_clip=-1.0), "kl_clip"),
+        (dict(pg_loss="cispo", eps_low=1.5), "cispo"),
+        (dict(rejection=(("token_k1", None, 2.0),)), "token_k1"),
+        (dict(rejection=(("seq_mean_k3", 0.1, 2.0),)), "seq_mean_k3"),
+        (dict(rejection=(("token_k9", None, 2.0),)), "token_k9"),
+        (dict(rejection="token_k1"), "rejection"),
     ],
 )
 def test_config_validation(fields, match):

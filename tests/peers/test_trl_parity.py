@@ -11,9 +11,9 @@ import trl
 from parity_data import MICRO_BATCHES, TOL, err, make_batch, rel
 from trl_peer import is_ratio, make_args, trainer_for, trl_loss
 
-from fastrl import LossConfig, policy_loss
-from fastrl.losses import trl_normalizer
-from fastrl.losses.trl_compat import TRL_LOSS_TYPES
+from fastrl import policy_loss
+from fastrl.integrations import loss_config_from_trl, trl_normalizer
+from fastrl.integrations.trl_compat import TRL_LOSS_TYPES
 
 LOSS_TYPES = tuple(TRL_LOSS_TYPES)
 IS_MODES = (None, "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -87,7 +87,7 @@ def run_trl(fields, b, *, ga=1, num_processes=1, micro_batches=(tuple(range(12))
 
 
 def run_fastrl(args, b, *, ga=1, num_processes=1, micro_batches=(tuple(range(12)),)):
-    cfg = LossConfig.from_trl(args)
+    cfg = loss_config_from_trl(args)
     logp = b["logp"].clone().requires_grad_(True)
     entropy = b["entropy"].clone().requires_grad_(True)
     use_rollout = cfg.is_cap is not None or (cfg.off_policy_mask is not None and args.use_vllm)
@@ -141,10 +141,10 @@ def test_the_loss_type_table_is_trls():
 
 
 def test_trl_default_config():
-    """`from_trl(GRPOConfig())`: TRL's default loss (dapo, ε = 0.2, no KL) and its vLLM default IS mode."""
-    cfg = LossConfig.from_trl(make_args())
+    """`loss_config_from_trl(GRPOConfig())`: TRL's default loss (dapo, ε = 0.2, no KL) and its vLLM default IS mode."""
+    cfg = loss_config_from_trl(make_args())
     assert (cfg.loss_agg, cfg.eps_low, cfg.eps_high, cfg.beta, cfg.is_cap) == ("token-mean", 0.2, 0.2, 0.0, None)
-    vllm = LossConfig.from_trl(make_args(use_vllm=True))
+    vllm = loss_config_from_trl(make_args(use_vllm=True))
     assert (vllm.is_level, vllm.is_mode, vllm.is_cap, vllm.kl_bias_correction) == ("sequence", "mask", 3.0, True)
     assert trl.__version__.startswith("1.")
 
@@ -161,7 +161,7 @@ def test_trl_default_config():
 def test_trl_unsupported_raises(fields, named):
     args = make_args(**fields)  # the pinned TRL accepts each of these settings
     with pytest.raises(ValueError, match=named):
-        LossConfig.from_trl(args)
+        loss_config_from_trl(args)
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,8 @@ import pytest
 import torch
 from parity_data import MICRO_BATCHES, TOL, B, err, make_batch
 
-from fastrl import LossConfig, policy_loss
-from fastrl.losses import verl_normalizer
+from fastrl import policy_loss
+from fastrl.integrations import loss_config_from_verl, verl_normalizer
 
 pytestmark = pytest.mark.slow  # every test here starts processes (workers, a CLI, a venv)
 
@@ -82,7 +82,7 @@ def build_case(spec, b, *, micro_batches=(tuple(range(B)),), global_info=None):
 
 
 def run_fastrl(case, *, global_info=None):
-    cfg = LossConfig.from_verl(case["actor"], rollout_correction=case["rollout_correction"])
+    cfg = loss_config_from_verl(case["actor"], rollout_correction=case["rollout_correction"])
     logp = case["logp"].clone().requires_grad_(True)
     entropy = case["entropy"].clone().requires_grad_(True)
     losses = []
@@ -167,9 +167,9 @@ def test_verl_gradient_accumulation(verl_results, name):
 
 
 def test_verl_default_config(verl_results):
-    """`from_verl(<verl's default actor config>)`: vanilla PPO, ε = 0.2, dual clip c = 3, token-mean."""
+    """`loss_config_from_verl(<verl's default actor config>)`: vanilla PPO, ε = 0.2, dual clip c = 3, token-mean."""
     cases, results = verl_results
-    cfg = LossConfig.from_verl(cases["default"]["actor"], rollout_correction=cases["default"]["rollout_correction"])
+    cfg = loss_config_from_verl(cases["default"]["actor"], rollout_correction=cases["default"]["rollout_correction"])
     assert (cfg.pg_loss, cfg.loss_agg, cfg.eps_low, cfg.eps_high, cfg.dual_clip, cfg.beta, cfg.is_cap) == (
         "clip", "token-mean", 0.2, 0.2, 3.0, 0.0, None,
     )  # fmt: skip
@@ -190,7 +190,7 @@ def test_verl_default_config(verl_results):
 )
 def test_verl_unsupported_raises(actor_fields, corr, named):
     with pytest.raises(ValueError, match=named):
-        LossConfig.from_verl(actor_fields, rollout_correction=corr)
+        loss_config_from_verl(actor_fields, rollout_correction=corr)
 
 
 def test_verl_rejection_cases_reject_some_tokens_but_not_all(verl_results):

@@ -8,7 +8,7 @@ Each field `GRPOConfig` adds to `transformers.TrainingArguments` is in `FIELDS`,
     "refused" the integration raises at construction when the field asks for something fastrl does not
               compute, naming the field (`check_args`); at its default it is inert
 
-`LossConfig.from_trl` reads the "fastrl" fields and raises for the settings it does not reproduce.
+`loss_config_from_trl` reads the "fastrl" fields and raises for the settings it does not reproduce.
 
 `TrainingArguments` fields go to `transformers.Trainer` unchanged, except `bf16` / `fp16`, whose autocast
 dtype the head honours as TRL's kernel does. A field missing from `FIELDS` (a newer TRL) is refused, so no
@@ -17,6 +17,7 @@ option is ignored silently.
 
 import dataclasses
 
+from fastrl.integrations.trl_compat import loss_config_from_trl
 from fastrl.losses import LossConfig
 
 __all__ = ["FIELDS", "check_args", "check_model", "sampler_settings"]
@@ -59,7 +60,7 @@ def _own_fields(args) -> list[str]:
 
 
 def check_args(args) -> LossConfig:
-    """The `LossConfig` of TRL's loss for `args` (`LossConfig.from_trl`), or a ValueError naming every
+    """The `LossConfig` of TRL's loss for `args` (`loss_config_from_trl`), or a ValueError naming every
     `GRPOConfig` option fastrl cannot honour exactly."""
     unknown = [name for name in _own_fields(args) if name not in FIELDS]
     if unknown:
@@ -68,7 +69,7 @@ def check_args(args) -> LossConfig:
         raise ValueError(
             f"router_aux_loss_coef={args.router_aux_loss_coef}: the MoE load-balancing loss is not supported"
         )
-    return LossConfig.from_trl(args)
+    return loss_config_from_trl(args)
 
 
 def sampler_settings(args) -> dict:

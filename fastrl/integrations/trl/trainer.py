@@ -5,7 +5,7 @@ model, vLLM, logging. What changes:
 
 - the policy, old and reference log-probs (and the entropy) come from `fastrl.token_logprobs` on the LM
   body's last hidden state (`head.add_fastrl_lm_head`), in the precision TRL's own kernel uses;
-- the loss of each micro-batch is `fastrl.policy_loss` with `LossConfig.from_trl(args)` and
+- the loss of each micro-batch is `fastrl.policy_loss` with `loss_config_from_trl(args)` and
   `trl_normalizer` (TRL's divisor for each `loss_type` under gradient accumulation, docs/math.md §3),
   the sampler's log-probs as `rollout_logprobs` for vLLM's importance sampling and the off-policy mask.
 
@@ -17,9 +17,9 @@ import torch
 from trl import GRPOTrainer
 
 from fastrl.hf import keep_attention_in_checkpoints
-from fastrl.losses import policy_loss, trl_normalizer
+from fastrl.integrations.trl_compat import TRL_GLOBAL_TOKEN_TYPES, trl_normalizer
+from fastrl.losses import policy_loss
 from fastrl.losses.fused import fusable_loss
-from fastrl.losses.trl_compat import TRL_GLOBAL_TOKEN_TYPES
 
 from .gather import zero3_params
 from .head import IGNORE_INDEX, add_fastrl_lm_head, head_policy_loss

@@ -1,22 +1,22 @@
 """TRL's `GRPOTrainer` loss as a `LossConfig`, and the normalizer of one of its micro-batch calls.
 
-This is the loss's knowledge of TRL (its loss types, IS modes and divisors), with no TRL import. It lives with the
-losses, not in `fastrl.integrations`, because `LossConfig.from_trl` and `fastrl.losses.trl_normalizer` are the
-losses' public API and the losses import nothing above them; `fastrl.integrations.trl` reads it from here.
+fastrl's knowledge of TRL (its loss types, IS modes and divisors), with no TRL import: `loss_config_from_trl`
+and `trl_normalizer` serve a caller of `policy_loss` without TRL's trainer, and `fastrl.integrations.trl` reads
+them (and the one table of TRL's loss types, `TRL_LOSS_TYPES`) from here.
 """
 
 from typing import NamedTuple
 
 import torch
 
-from .normalizer import Normalizer
+from fastrl.losses import LossConfig, Normalizer
 
 __all__ = [
     "TRL_GLOBAL_TOKEN_TYPES",
     "TRL_IS_MODES",
     "TRL_LOSS_TYPES",
     "TRLLossType",
-    "config_from_trl",
+    "loss_config_from_trl",
     "trl_normalizer",
 ]
 
@@ -51,8 +51,14 @@ def _get(args, name, default=None):
     return getattr(args, name, default)
 
 
-def config_from_trl(cls, args):
-    """See `LossConfig.from_trl`."""
+def loss_config_from_trl(args) -> LossConfig:
+    """The config whose loss equals TRL's `GRPOTrainer` loss for `args` (a `trl.GRPOConfig`, or any object with
+    its field names).
+
+    Raises:
+        ValueError: naming every option of `args` that fastrl does not reproduce (an unknown `loss_type` or
+            `vllm_importance_sampling_mode` on its own).
+    """
     unsupported = []
     loss_type = _get(args, "loss_type", "dapo")
     if loss_type not in TRL_LOSS_TYPES:
@@ -105,7 +111,7 @@ def config_from_trl(cls, args):
         fields[f"vespo_{name}"] = torch.tensor(value, dtype=torch.float32).item()
     if unsupported:
         raise ValueError("fastrl does not reproduce these TRL settings: " + "; ".join(unsupported))
-    return cls(**fields)
+    return LossConfig(**fields)
 
 
 def trl_normalizer(
@@ -120,7 +126,7 @@ def trl_normalizer(
     """The `normalizer=` that makes one micro-batch call equal TRL's `compute_loss` on it.
 
     Args:
-        args: the `trl.GRPOConfig` the config came from (`LossConfig.from_trl(args)`).
+        args: the `trl.GRPOConfig` the config came from (`loss_config_from_trl(args)`).
         mask: this micro-batch's `[B, T]` completion mask.
         num_items_in_batch: the generation batch's token count TRL passes to `compute_loss`
             (needed by loss_type dapo / cispo / vespo).

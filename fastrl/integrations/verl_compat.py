@@ -1,14 +1,15 @@
 """verl's actor loss (`verl.workers.utils.losses.ppo_loss`) as a `LossConfig`, and its normalizer.
 
-No verl import: it serves `LossConfig.from_verl` and `fastrl.losses.verl_normalizer` (the losses' public API, so
-it lives with the losses, which import nothing above them) and `fastrl.integrations.verl`.
+fastrl's knowledge of verl (its policy-loss modes, KL types, rollout corrections and divisors), with no verl
+import: `loss_config_from_verl` and `verl_normalizer` serve a caller of `policy_loss` without verl, and
+`fastrl.integrations.verl` reads them from here.
 """
 
 from collections.abc import Mapping
 
-from .normalizer import Normalizer
+from fastrl.losses import LossConfig, Normalizer
 
-__all__ = ["VERL_KL", "VERL_POLICY_LOSSES", "config_from_verl", "verl_normalizer"]
+__all__ = ["VERL_KL", "VERL_POLICY_LOSSES", "loss_config_from_verl", "verl_normalizer"]
 
 VERL_POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "gpg")
 # kl_loss_type → (fastrl estimator, clamp of the estimate); verl's "+" types take k2's gradient
@@ -68,8 +69,14 @@ def _rejection_rules(options, thresholds):
     return tuple(rules)
 
 
-def config_from_verl(cls, actor, *, rollout_correction=None, temperature=1.0):
-    """See `LossConfig.from_verl`."""
+def loss_config_from_verl(actor, *, rollout_correction=None, temperature: float = 1.0) -> LossConfig:
+    """The config whose loss equals verl's actor loss for `actor` (`actor_rollout_ref.actor`: a dict, OmegaConf
+    node or verl `ActorConfig`); `rollout_correction` is `algorithm.rollout_correction` (same forms, or None),
+    `temperature` the rollout's sampling temperature.
+
+    Raises:
+        ValueError: naming every option that fastrl does not reproduce.
+    """
     unsupported = []
     policy = _get(actor, "policy_loss", {})
     mode = _get(policy, "loss_mode", "vanilla")
@@ -125,7 +132,7 @@ def config_from_verl(cls, actor, *, rollout_correction=None, temperature=1.0):
         unsupported.append("rollout_correction.bypass_mode=True")
     if unsupported:
         raise ValueError("fastrl does not reproduce these verl settings: " + "; ".join(unsupported))
-    return cls(**fields)
+    return LossConfig(**fields)
 
 
 def verl_normalizer(config, *, dp_size: int = 1, batch_num_tokens=None, global_batch_size=None) -> Normalizer:
@@ -134,7 +141,7 @@ def verl_normalizer(config, *, dp_size: int = 1, batch_num_tokens=None, global_b
     verl's engine passes the mini-batch's global counts to every micro-batch: `batch_num_tokens` (loss
     tokens over all data-parallel ranks) and `global_batch_size` (sequences, `ppo_mini_batch_size × n`),
     and `dp_size`. Without them (both None, dp_size 1) verl divides by the call's own count: the
-    default of a config from `LossConfig.from_verl`.
+    default of a config from `loss_config_from_verl`.
     """
     if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
         raise ValueError(f"dp_size must be a positive int, got {dp_size!r}")
