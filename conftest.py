@@ -4,6 +4,10 @@
 rank, a `multiprocessing` child, a venv build) must carry `@pytest.mark.slow`. While a test that does not carry it
 runs (its fixtures' setup included), every such start is recorded; a recorded start fails the test with the
 command it ran. The check covers every collected test path (tests/ and bench/).
+
+The edit loop also leaves out the Triton interpreter's repeats: of a test function's cases whose `impl` is
+"triton", the first runs in the edit loop and the others carry `slow` (each interprets the kernels in Python, a
+few seconds a case). CI runs every test, marked or not.
 """
 
 import contextlib
@@ -73,3 +77,15 @@ def pytest_runtest_makereport(item, call):
 
 
 _STARTS = pytest.StashKey[list]()
+
+
+def pytest_collection_modifyitems(items):
+    seen = set()
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("impl") != "triton" or item.get_closest_marker("slow") is not None:
+            continue
+        key = (item.path, item.originalname)
+        if key in seen:
+            item.add_marker(pytest.mark.slow)
+        seen.add(key)
