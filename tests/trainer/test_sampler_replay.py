@@ -30,7 +30,8 @@ def test_collate_lays_the_sets_out_over_the_flattened_rows(packed):
     for i, s in enumerate(samples):
         for t in range(tc):
             row = ids[offsets[i * tc + t] : offsets[i * tc + t + 1]].tolist()
-            want = s.kept.ids[int(s.kept.counts[:t].sum()) :][: int(s.kept.counts[t])].tolist() if t < len(s.kept) else []
+            start = int(s.kept.counts[:t].sum())
+            want = s.kept.ids[start : start + int(s.kept.counts[t])].tolist() if t < len(s.kept) else []
             assert row == want  # padding positions empty
     assert not mb["kept_missing"].any()
     assert mb["mask"].tolist() == [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0]]
