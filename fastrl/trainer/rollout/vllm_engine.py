@@ -16,9 +16,9 @@ before the first batch: vLLM loads `config.model` from disk, the trainer's copy 
   count in the completion), and a `vllm_kv_cache_gib` that cannot hold one such sequence is refused up front,
   so a long completion is never cut short by the engine; `min_completion_length` is vLLM's `min_tokens`.
 - A thinking budget (`thinking.py`) samples in rounds, one `generate` call per round, a request per completion.
-- Kept sets (`--sampler-replay`, `vllm_kept.py`): on a GPU vLLM returns them (`return_sampling_mask`, Model Runner
-  V2, top_k > 0); elsewhere (its CPU build) our logits processor applies top-k / top-p and records them, vLLM's own
-  top-k / top-p off. Either way each completion is a request of its own.
+- Kept sets (`--sampler-replay`, `vllm_kept.py`): where Model Runner V2 runs (a GPU) vLLM returns them
+  (`return_sampling_mask`, top_k > 0); on the V1 runner (its CPU build) our logits processor applies top-k / top-p
+  and records them, vLLM's own top-k / top-p off. Either way each completion is a request of its own.
 
 Tested on vLLM's CPU build (tests/rollout_vllm). Only a GPU run exercises the sleep / wake-up calls.
 """
@@ -67,6 +67,15 @@ def kv_cache_bytes(config, model, dtype: str, max_model_len: int) -> int | None:
     return size
 
 
+def _model_runner_v2() -> bool:
+    """Whether vLLM runs Model Runner V2 here: its own rule (VLLM_USE_V2_MODEL_RUNNER when set, else where Triton
+    is, so not on its CPU build), less the features that turn it off, which this engine never asks for."""
+    from vllm import envs
+    from vllm.triton_utils import HAS_TRITON
+
+    return bool(HAS_TRITON if envs.VLLM_USE_V2_MODEL_RUNNER is None else envs.VLLM_USE_V2_MODEL_RUNNER)
+
+
 @contextlib.contextmanager
 def _trainer_state_kept():
     """Leave Python's, NumPy's and torch's RNG states and torch's CPU threads as they were."""
@@ -100,7 +109,7 @@ class VLLMEngine(SamplingEngine):
             path = save_tiny(model, tokenizer, self._export.name)
         self.sleep_level = config.vllm_sleep_level if current_platform.is_sleep_mode_available() else 0
         # kept sets: vLLM's sampling mask where Model Runner V2 runs (GPU), else our recorder (a logits processor)
-        self.recorder = not current_platform.is_cuda_alike()
+        self.recorder = not _model_runner_v2()
         self.replay = resolve_replay(config, self._replay_blocker(config))
         # a prompt of max_prompt_length and a completion of max_completion_length (inserted tokens included)
         max_model_len = config.max_prompt_length + config.max_completion_length
