@@ -57,22 +57,19 @@ class _KeptSetRecorder(LogitsProcessor):
         self.warpers += [TopKLogitsWarper(top_k)] if top_k > 0 else []
         self.warpers += [TopPLogitsWarper(top_p)] if top_p < 1 else []
         self.warpers += [MinPLogitsWarper(min_p)] if min_p > 0 else []
-        self.steps: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: (kept ids row after row, [B] counts)
+        self.steps: list[tuple[torch.Tensor, list[int]]] = []  # per step: (kept ids row after row, row starts)
 
     def __call__(self, input_ids, scores):
         for warp in self.warpers:
             scores = warp(input_ids, scores)
         kept = scores.isfinite()
-        self.steps.append((kept.nonzero()[:, 1].to(torch.int32).cpu(), kept.sum(1).cpu()))
+        starts = [0] + kept.sum(1).cumsum(0).tolist()
+        self.steps.append((kept.nonzero()[:, 1].to(torch.int32).cpu(), starts))
         return scores
 
     def sets(self, row: int, n: int) -> KeptSets:
         """Row `row`'s kept sets for its first `n` sampled tokens."""
-        parts = []
-        for ids, counts in self.steps[:n]:
-            start = int(counts[:row].sum())
-            parts.append(ids[start : start + int(counts[row])])
-        return KeptSets.of(parts)
+        return KeptSets.of([ids[starts[row] : starts[row + 1]] for ids, starts in self.steps[:n]])
 
 
 class _RowLimit(StoppingCriteria):
