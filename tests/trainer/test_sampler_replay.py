@@ -9,6 +9,7 @@ from fastrl.trainer.batching import KeptSets, Sample, collate
 from fastrl.trainer.build import build_model
 from fastrl.trainer.config import ConfigError, make_config
 from fastrl.trainer.rollout import make_engine
+from fastrl.trainer.rollout.base import resolve_replay
 from fastrl.trainer.scoring import to_samples
 from fastrl.trainer.update import StepSettings, sequence_logprobs, train_step
 
@@ -141,3 +142,12 @@ def test_replay_off_and_nothing_to_replay(capsys):
     assert "sampler_replay" not in capsys.readouterr().err
     comps = make_engine("hf", model, tokenizer, config).generate([tokenizer.encode("1+1=")], 2)
     assert all(c.kept is None for c in comps)
+
+
+def test_an_engine_that_cannot_record(capsys):
+    """auto: the θ path, said on stderr; on: a ConfigError naming the reason."""
+    assert not resolve_replay(make_config("tiny", top_k=6), "the engine core runs elsewhere")
+    assert "sampler_replay=auto" in capsys.readouterr().err
+    assert resolve_replay(make_config("tiny", top_k=6), None)
+    with pytest.raises(ConfigError, match="the engine core runs elsewhere"):
+        resolve_replay(make_config("tiny", top_k=6, sampler_replay="on"), "the engine core runs elsewhere")
