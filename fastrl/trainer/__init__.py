@@ -12,6 +12,7 @@
       base.py                SamplingEngine: what both engines are built from, `(model, tokenizer, config)`
       hf_engine.py           transformers `generate` on the training model
       vllm_engine.py         vLLM in the trainer's process
+      vllm_kept.py           the kept sets vLLM sampled from: its sampling mask, or our recording logits processor
       thinking.py            the thinking budget: sampling in rounds
       async_worker.py        the rollout process of --async-staleness: its vLLM engine, seeds, partial rollouts
       async_client.py        the trainer's side of it: spawn, submit, groups, heartbeat and death detection
@@ -19,7 +20,7 @@
       weight_push.py         the weights to the rollout process through vLLM's trainer-side transfer engines
     scoring.py             rewards (fastrl.rewards) -> shaping -> advantages -> samples, metric sums
     advantages.py          group z-score advantages
-    batching.py            token-budget micro-batches, padded or packed
+    batching.py            token-budget micro-batches, padded or packed; the samples' kept sets as CSR
     update.py              StepSettings and train_step: one optimizer step of fastrl.grpo_loss; sequence_logprobs
     distributed.py         torchrun data parallelism: prompt sharding, summed gradients and counts
     fsdp.py                --fsdp: FSDP2 sharding and sharded forward calls

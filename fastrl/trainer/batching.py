@@ -9,11 +9,64 @@ then set by the budget, not by G or by how many prompts the step has.
 predicting each completion token into a `[n_seq, max_completion, D]` block. The loss thus always sees one
 row per sequence (so per-sequence aggregation and GSPO ratios stay correct under packing) while the LM
 body runs on the packed layout.
+
+With the sampler's kept sets (`Sample.kept`, docs/math.md §9) `collate` also builds their CSR over the
+flattened `[n, Tc]` rows (padding rows empty) and leaves out of the loss, and counts, a token whose target is
+not in its row's set.
 """
 
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class KeptSets:
+    """The sampler's kept set of each completion token (docs/math.md §9), CSR-ready.
+
+    Token t's set is `ids[start_t : start_t + counts[t]]` with `start_t = counts[:t].sum()`. Both int32: a token
+    whose sampler kept |S| ids costs 4·|S| + 4 bytes (top-k 50: at most 204 bytes; ties at the cutoff can widen a
+    set). A token the policy did not sample (the thinking budget's inserted ones) has an empty set.
+    """
+
+    ids: torch.Tensor  # [M] int32: every token's kept ids, token after token, in any order within a token
+    counts: torch.Tensor  # [T] int32: how many ids each completion token kept
+
+    def __post_init__(self):
+        for name in ("ids", "counts"):
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
+                raise TypeError(f"KeptSets.{name} must be a 1-D int32 tensor, got {getattr(t, 'dtype', type(t))}")
+        if self.counts.numel() and int(self.counts.min()) < 0:
+            raise ValueError(f"KeptSets.counts must be >= 0, got {int(self.counts.min())}")
+        if int(self.counts.sum()) != self.ids.numel():
+            raise ValueError(f"KeptSets.counts sum to {int(self.counts.sum())} but ids holds {self.ids.numel()}")
+
+    @classmethod
+    def of(cls, sets) -> "KeptSets":
+        """From one sequence of kept ids per token (lists, tensors, ...)."""
+        sets = [torch.as_tensor(s, dtype=torch.int32).reshape(-1) for s in sets]
+        ids = torch.cat(sets) if sets else torch.zeros(0, dtype=torch.int32)
+        return cls(ids, torch.tensor([s.numel() for s in sets], dtype=torch.int32))
+
+    @classmethod
+    def empty(cls, n: int) -> "KeptSets":
+        """`n` tokens with empty sets (tokens the policy did not sample)."""
+        return cls(torch.zeros(0, dtype=torch.int32), torch.zeros(n, dtype=torch.int32))
+
+    @classmethod
+    def cat(cls, parts: list["KeptSets"]) -> "KeptSets":
+        """The sets of consecutive pieces of one completion, in order."""
+        if not parts:
+            return cls.empty(0)
+        return cls(torch.cat([p.ids for p in parts]), torch.cat([p.counts for p in parts]))
+
+    def head(self, n: int) -> "KeptSets":
+        """The sets of the first `n` tokens."""
+        return KeptSets(self.ids[: int(self.counts[:n].sum())], self.counts[:n].clone())
+
+    def __len__(self) -> int:
+        return self.counts.numel()
 
 
 @dataclass
@@ -26,6 +79,7 @@ class Sample:
     ref_logprobs: list[float] | None = None
     rollout_logprobs: list[float] | None = None
     token_mask: list[float] | None = None  # per completion token: 0.0 = not sampled by the policy (None: all 1)
+    kept: KeptSets | None = None  # the sampler's kept set of each completion token: replayed by the loss
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
@@ -80,7 +134,10 @@ def collate(seqs: list[Sample], packed: bool, pad_id: int) -> dict:
     sequence boundaries from position_ids that restart at 0; sequences of one length are packed one per
     row), `gather` `[n, Tc]` flat indices into the
     body's `[rows * width]` hidden positions (position p predicts token p + 1), `targets`, `mask`
-    `[n, Tc]`, `advantages` `[n]`, and `old_logprobs` / `ref_logprobs` / `rollout_logprobs` `[n, Tc]` or None.
+    `[n, Tc]`, `advantages` `[n]`, `old_logprobs` / `ref_logprobs` / `rollout_logprobs` `[n, Tc]` or None, and
+    `kept_ids` `[M]` int32 / `kept_offsets` `[n·Tc + 1]` int64 (the kept sets' CSR over the flattened rows, padding
+    rows empty) with `kept_missing` `[n, Tc]` bool (a live token whose target is not in its set: its mask is 0),
+    or three Nones when the samples carry no kept sets.
     """
     full = [s.prompt_ids + s.completion_ids for s in seqs]
     tc = max(len(s.completion_ids) for s in seqs)
@@ -125,15 +182,45 @@ def collate(seqs: list[Sample], packed: bool, pad_id: int) -> dict:
             raise ValueError(f"{name} is set for some sequences of the micro-batch but not all")
         return _pad(rows, tc, 0.0, torch.float32)
 
+    targets = _pad([s.completion_ids for s in seqs], tc, 0, torch.long)
+    kept_ids, kept_offsets, missing = kept_csr(seqs, tc, targets, mask)
+    if missing is not None:
+        mask = mask.masked_fill(missing, 0.0)
     return dict(
         input_ids=input_ids,
         position_ids=position_ids,
         attention_mask=attention_mask,
         gather=gather,
-        targets=_pad([s.completion_ids for s in seqs], tc, 0, torch.long),
+        targets=targets,
         mask=mask,
         advantages=torch.tensor([s.advantage for s in seqs], dtype=torch.float32),
         old_logprobs=optional("old_logprobs"),
         ref_logprobs=optional("ref_logprobs"),
         rollout_logprobs=optional("rollout_logprobs"),
+        kept_ids=kept_ids,
+        kept_offsets=kept_offsets,
+        kept_missing=missing,
     )
+
+
+def kept_csr(seqs: list[Sample], tc: int, targets: torch.Tensor, mask: torch.Tensor):
+    """(kept_ids `[M]` int32, kept_offsets `[n·Tc + 1]` int64, missing `[n, Tc]` bool) of the micro-batch's
+    kept sets, or (None, None, None) when no sample has them; `missing`: mask != 0 and the target not in the set.
+    """
+    if all(s.kept is None for s in seqs):
+        return None, None, None
+    counts = torch.zeros(len(seqs), tc, dtype=torch.int64)
+    for i, s in enumerate(seqs):
+        if s.kept is None:
+            raise ValueError("kept sets are given for some sequences of the micro-batch but not all")
+        if len(s.kept) != len(s.completion_ids):
+            raise ValueError(f"a sample has {len(s.kept)} kept sets for {len(s.completion_ids)} completion tokens")
+        counts[i, : len(s.kept)] = s.kept.counts
+    ids = torch.cat([s.kept.ids for s in seqs])
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64)
+    torch.cumsum(counts.reshape(-1), 0, out=offsets[1:])
+    rows = torch.repeat_interleave(torch.arange(counts.numel()), counts.reshape(-1), output_size=ids.numel())
+    found = torch.zeros(counts.numel(), dtype=torch.bool)
+    found[rows[ids.long() == targets.reshape(-1)[rows]]] = True
+    missing = (mask != 0) & ~found.view_as(mask)
+    return ids, offsets, missing

@@ -61,6 +61,7 @@ class TrainConfig:
     top_p: float = 1.0  # nucleus sampling (1 = off); the loss scores the truncated distribution
     top_k: int = 0  # top-k sampling (0 = off); the loss scores the truncated distribution
     min_p: float = 0.0  # min-p sampling (0 = off); the loss scores the truncated distribution
+    sampler_replay: str = "auto"  # the loss replays the sets the sampler kept: auto (where the engine can), on, off
     vllm_gpu_memory_utilization: float = 0.35  # vLLM's share of GPU memory when colocated (on CPU: of host RAM)
     vllm_dtype: str = "auto"  # vLLM weights: auto (bf16 and a GPU: bfloat16, else float32), float32, bfloat16, float16
     vllm_kv_cache_gib: float = 0.0  # vLLM KV-cache size in GiB (0 = what vllm_gpu_memory_utilization leaves)
@@ -138,6 +139,8 @@ class TrainConfig:
             except ValueError as e:
                 raise ConfigError("sequence_parallel", self.sequence_parallel, str(e)) from None
         _check_async(self)
+        if self.sampler_replay == "on" and (reason := replay_blocker(self)) is not None:
+            raise ConfigError("sampler_replay", "on", reason)
         if self.resume and self.overwrite:
             raise ConfigError("overwrite", True, "--resume continues the run in output_dir; --overwrite deletes it")
         for name in SAMPLER_KNOBS:
@@ -186,6 +189,23 @@ def _check_async(c: TrainConfig) -> None:
     if c.async_staleness > 0 and c.needs_old_logprobs:
         raise ConfigError("async_staleness", c.async_staleness, "takes one optimizer step per rollout batch: "
                           f"ppo_epochs={c.ppo_epochs} and minibatches={c.minibatches} must be 1")  # fmt: skip
+
+
+def truncates(c: TrainConfig) -> bool:
+    """Whether the sampler truncates (top-k, top-p or min-p on): the only case with kept sets to replay."""
+    return c.top_k > 0 or c.top_p < 1 or c.min_p > 0
+
+
+def replay_blocker(c: TrainConfig) -> str | None:
+    """Why the config alone rules out replaying the sampler's kept sets (docs/math.md §9); None: an engine that
+    records them may."""
+    if not truncates(c):
+        return "nothing is truncated (top_k, top_p and min_p are off): there is no kept set to replay"
+    if c.async_staleness >= 0:
+        return "the asynchronous rollout process does not send kept sets (async_staleness >= 0)"
+    if c.sequence_parallel > 1:
+        return "sequence parallelism splits the micro-batches the kept sets are laid out for"
+    return None
 
 
 def _check_thinking(c: TrainConfig) -> None:

@@ -84,7 +84,7 @@ def to_samples(completions, adv: list[float], flat: torch.Tensor, config) -> lis
     kept = [(c, a) for c, a, d in zip(completions, adv, drop) if not d]
     return [
         Sample(c.prompt_ids, c.completion_ids, a, not (config.mask_truncated and c.truncated),
-               rollout_logprobs=c.logprobs, token_mask=sampled_mask(c))
+               rollout_logprobs=c.logprobs, token_mask=sampled_mask(c), kept=c.kept)
         for c, a in kept
     ]  # fmt: skip
 

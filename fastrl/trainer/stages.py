@@ -107,6 +107,7 @@ def step_record(step: int, rollout: dict, update: dict, rollout_s: float, step_s
         "entropy_mean": update["entropy_mean"],
         "grad_norm": update["grad_norm"],
         "update_skipped": update["update_skipped"],
+        "replay_missing_tokens": update["replay_missing_tokens"],
         "lr": update["lr"],
         "train_tokens": update["num_tokens"],
         "rollout_s": rollout_s,

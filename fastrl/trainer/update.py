@@ -15,6 +15,11 @@ the same Parameter as the head's weight, so autograd sums both of its gradients.
 With `StepSettings.sequence` (`--sequence-parallel N`) each rank runs its block of every micro-batch
 (`sequence_parallel.split_microbatch`) under Ulysses attention (`ulysses.py`), forward and backward, and the
 normalizer is counted over the blocks of the sequence group; the rest of the step is the same.
+
+Samples that carry the sampler's kept sets (`Sample.kept`, `--sampler-replay`) are scored on them (docs/math.md
+§9): the loss, the old / reference log-probs and so the ratios use the set the sampler kept, never a set found
+again from the trainer's logits; a token whose target is not in its set is left out of the loss and counted
+(`replay_missing_tokens`).
 """
 
 import dataclasses
@@ -24,7 +29,7 @@ from contextlib import nullcontext
 import torch
 
 from fastrl.hf import hidden_and_head, lm_body_and_head, tile_mlps
-from fastrl.kernels import token_logprobs
+from fastrl.kernels import sampled_token_logprobs, token_logprobs
 from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss
 
 from . import distributed as dist_utils
@@ -133,11 +138,28 @@ def sampler_options(loss_config: LossConfig) -> dict:
     return {k: getattr(loss_config, k) for k in ("top_k", "top_p", "min_p", "softcap")}
 
 
+def replay_options(mb: dict, device) -> dict:
+    """The micro-batch's kept sets as keywords of the loss / log-prob call, with the θ truncation off (the sets
+    are the truncation); {} when it carries none."""
+    if mb.get("kept_ids") is None:
+        return {}
+    return dict(kept_ids=mb["kept_ids"].to(device), kept_offsets=mb["kept_offsets"].to(device), top_k=0, top_p=1.0,
+                min_p=0.0)  # fmt: skip
+
+
 def _logprobs(model, mb: dict, bf16: bool, temperature: float, impl: str, sampler: dict | None) -> torch.Tensor:
     hidden = completion_hidden(model, mb, bf16)
     weight, bias = head_params(model, hidden.dtype)
     targets = mb["targets"].to(hidden.device)
-    return token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature, impl=impl, **(sampler or {}))
+    replay = replay_options(mb, hidden.device)
+    if not replay:
+        return token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature, impl=impl, **(sampler or {}))
+    # a position without a set (padding, an inserted token) is ignored; one whose target is not in its set gets
+    # a finite log-prob (its mask is 0)
+    targets = torch.where(replay["kept_offsets"].diff().view_as(targets) > 0, targets, -100)
+    softcap = (sampler or {}).get("softcap")
+    return sampled_token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature, impl=impl,
+                                  softcap=softcap, **replay).logp  # fmt: skip
 
 
 @torch.no_grad()
@@ -181,6 +203,8 @@ def _batches(model, samples: list[Sample], s: StepSettings, filler: Sample):
     """(micro-batch, its samples) pairs of `_plan`, collated; under sequence parallelism, this rank's block."""
     for seqs in _plan(model, samples, s.budget, s.packed, filler):
         mb = collate(seqs, s.packed, s.pad_id)
+        if s.sequence is not None and mb["kept_ids"] is not None:
+            raise ValueError("replaying the sampler's kept sets is not supported with sequence parallelism")
         yield (mb if s.sequence is None else split_microbatch(mb, s.sequence)), seqs
 
 
@@ -200,7 +224,7 @@ def train_step(model, optimizer, samples: list[Sample], settings: StepSettings, 
     model.zero_grad(set_to_none=True)
     if not is_sharded(model):  # long micro-batches: the MLPs' activations a few thousand tokens at a time
         tile_mlps(model)
-    sums = dict.fromkeys(("loss", "num_tokens") + METRIC_KEYS, 0.0)
+    sums = dict.fromkeys(("loss", "num_tokens", "replay_missing_tokens") + METRIC_KEYS, 0.0)
     filler = filler_sample(s.pad_id, ref=s.loss.beta > 0, rollout=s.loss.is_cap is not None)
     batches = _batches(model, samples, s, filler)
     if s.sequence is None:
@@ -216,6 +240,8 @@ def train_step(model, optimizer, samples: list[Sample], settings: StepSettings, 
             n = float(out.metrics["num_tokens"])
             sums["loss"] += float(out.loss.detach())
             sums["num_tokens"] += n
+            if mb.get("kept_missing") is not None:
+                sums["replay_missing_tokens"] += float(mb["kept_missing"].sum())
             for k in METRIC_KEYS:
                 if k in out.metrics:
                     sums[k] += float(out.metrics[k]) * n  # token-weighted; divided by the global count below
@@ -240,6 +266,7 @@ def _microbatch_loss(model, mb, s: StepSettings, normalizer: float):
     opt = {k: None if mb[k] is None else mb[k].to(dev) for k in ("old_logprobs", "ref_logprobs", "rollout_logprobs")}
     if s.loss.is_cap is None:
         opt["rollout_logprobs"] = None
+    opt.update(replay_options(mb, dev))  # with sets, grpo_loss takes its replay path
     # the entropy rides on the loss's own pass over the vocabulary (elementwise work on each tile); a
     # separate no-grad pass would cost one more [tokens, D] x [D, V] GEMM, a third of the head's work
     return grpo_loss(
@@ -259,8 +286,9 @@ def _microbatch_loss(model, mb, s: StepSettings, normalizer: float):
 
 def _finalize_metrics(sums: dict, grad_norm: float) -> dict:
     """All-reduce the step's sums (the same keys on every rank) into global means."""
-    totals = dist_utils.all_reduce_sum_list([sums["loss"], sums["num_tokens"]] + [sums[k] for k in METRIC_KEYS])
+    head = ("loss", "num_tokens", "replay_missing_tokens")
+    totals = dist_utils.all_reduce_sum_list([sums[k] for k in head] + [sums[k] for k in METRIC_KEYS])
     tokens = max(totals[1], 1.0)
-    metrics = {"loss": totals[0], "num_tokens": totals[1], "grad_norm": grad_norm}
-    metrics.update({k: v / tokens for k, v in zip(METRIC_KEYS, totals[2:])})
+    metrics = {**dict(zip(head, totals)), "grad_norm": grad_norm}
+    metrics.update({k: v / tokens for k, v in zip(METRIC_KEYS, totals[len(head) :])})
     return metrics

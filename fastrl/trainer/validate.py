@@ -173,6 +173,7 @@ RULES = {
     "top_p": _within(0, 1, open_low=True),
     "top_k": _at_least(0),
     "min_p": _within(0, 1),
+    "sampler_replay": _one_of(("auto", "on", "off")),
     "vllm_gpu_memory_utilization": _within(0, 1, open_low=True),
     "vllm_dtype": _one_of(("auto", "float32", "bfloat16", "float16")),
     "vllm_kv_cache_gib": _at_least(0),

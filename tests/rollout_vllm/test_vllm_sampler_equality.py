@@ -65,28 +65,46 @@ def test_kept_sets_and_logprobs_equal_vllms(mode):
 
 
 def test_trainer_scores_a_vllm_rollout_as_vllm_does():
+    """θ-recompute within TOL; the sets vLLM kept (our recorder: its CPU build), replayed, within 1e-5 per token; the
+    same sets one position off (a planted misalignment) are far from it."""
     from vllm_reference import TOL, tiny_config
 
-    from fastrl.trainer.batching import Sample
+    from fastrl.trainer.batching import KeptSets, Sample
     from fastrl.trainer.build import build_model
     from fastrl.trainer.rollout import make_engine
-    from fastrl.trainer.update import sampler_options, sequence_logprobs
+    from fastrl.trainer.update import StepSettings, sampler_options, sequence_logprobs
 
     config = tiny_config(top_p=0.9, top_k=50, min_p=0.02, bf16=False)
     torch.manual_seed(0)
     model, tokenizer = build_model(config, torch.device("cpu"))
     model.eval()
     engine = make_engine("vllm", model, tokenizer, config)
+    assert engine.replay  # sampler_replay="auto": the CPU build records the sets
     engine.sync_weights(model)
     prompts = [tokenizer.encode(q, add_special_tokens=True) for q in ("3+4=", "9+9=", "1+8=")]
     comps = engine.generate(prompts, 4, want_logprobs=True)
     samples = [Sample(c.prompt_ids, c.completion_ids, 0.0) for c in comps]
     vllm = torch.tensor([x for c in comps for x in c.logprobs])
 
-    def gap(sampler):
+    def gap(sampler, samples=samples):
         lp = sequence_logprobs(model, samples, 1 << 20, False, tokenizer.pad_token_id, config.temperature, "torch",
                                False, sampler)  # fmt: skip
         return (torch.tensor([x for row in lp for x in row]) - vllm).abs()
 
     assert gap(sampler_options(config.loss)).max() < TOL
     assert gap(None).mean() > 0.05  # the full softmax is another distribution
+    sizes = torch.cat([c.kept.counts for c in comps])
+    assert sizes.numel() == vllm.numel() and (sizes >= 1).all() and (sizes < len(tokenizer)).float().mean() > 0.5
+    replayed = [Sample(c.prompt_ids, c.completion_ids, 0.0, kept=c.kept) for c in comps]
+    settings = StepSettings(config.loss, 1 << 20, False, tokenizer.pad_token_id, impl="torch", bf16=False)
+    lp = sequence_logprobs(model, replayed, settings)
+    assert (torch.tensor([x for row in lp for x in row]) - vllm).abs().max() <= 1e-5
+
+    def one_off(kept: KeptSets) -> KeptSets:  # token t gets token t+1's set (the last keeps its own)
+        starts = torch.cat([torch.zeros(1, dtype=torch.int64), kept.counts.long().cumsum(0)])
+        sets = [kept.ids[starts[t] : starts[t + 1]] for t in range(len(kept))]
+        return KeptSets.of(sets[1:] + sets[-1:])
+
+    planted = [Sample(c.prompt_ids, c.completion_ids, 0.0, kept=one_off(c.kept)) for c in comps]
+    lp = sequence_logprobs(model, planted, settings)
+    assert (torch.tensor([x for row in lp for x in row]) - vllm).abs().max() > 1e-3

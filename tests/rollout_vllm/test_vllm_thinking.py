@@ -9,7 +9,9 @@ from vllm_reference import TOL, T, tiny_config
 from fastrl.trainer.batching import collate
 from fastrl.trainer.build import build_model
 from fastrl.trainer.rollout import make_engine
+from fastrl.trainer.rollout.engine import end_token_ids
 from fastrl.trainer.scoring import to_samples
+from fastrl.trainer.update import StepSettings, sequence_logprobs
 
 N, M, STOP = 5, 30, " stop."
 
@@ -17,11 +19,14 @@ N, M, STOP = 5, 30, " stop."
 @pytest.fixture(scope="module")
 def rollouts():
     """Two completions of each prompt, every one forced to M tokens; the first two prompts open the span."""
-    config = tiny_config(thinking_budget=N, max_completion_length=M, min_completion_length=M, thinking_stop_text=STOP,
-                         group_size=2, is_cap=2.0)  # fmt: skip
+    settings = dict(thinking_budget=N, max_completion_length=M, min_completion_length=M, thinking_stop_text=STOP,
+                    group_size=2, is_cap=2.0)  # fmt: skip
     torch.manual_seed(0)
-    model, tokenizer = build_model(config, torch.device("cpu"))
+    model, tokenizer = build_model(tiny_config(**settings), torch.device("cpu"))
     model.eval()
+    # top-k V - #end tokens: keeps every token but the end tokens min_completion_length suppresses (the distribution
+    # the tests below expect), yet it truncates, so the engine records each round's kept sets for replay
+    config = tiny_config(**settings, top_k=model.config.vocab_size - len(end_token_ids(model, tokenizer)))
     engine = make_engine("vllm", model, tokenizer, config)
     engine.sync_weights(model)
     # the engine serves a longest prompt plus a longest completion (inserted tokens are part of it)
@@ -68,3 +73,14 @@ def test_inserted_tokens_are_masked_out_of_the_loss(rollouts):
         assert samples[row].token_mask == (None if c.inserted is None else expected)
         assert mask[row].tolist() == expected
     assert sum(mask.sum(1).tolist()) == 6 * M - L * sum(c.inserted is not None for c in comps)
+
+
+def test_the_rounds_kept_sets_are_concatenated_and_replayed(rollouts):
+    config, model, tokenizer, comps = rollouts
+    for c in comps:  # every token but the suppressed end tokens; inserted tokens none
+        assert c.kept.counts.tolist() == [config.top_k if k else 0 for k in sampled(c).tolist()]
+    samples = to_samples(comps, [1.0, -1.0] * 3, torch.zeros(3, dtype=torch.bool), config)
+    settings = StepSettings(config.loss, 1 << 20, False, tokenizer.pad_token_id, impl="torch", bf16=False)
+    for c, row in zip(comps, sequence_logprobs(model, samples, settings)):
+        keep = sampled(c)
+        assert float((torch.tensor(row)[keep] - torch.tensor(c.logprobs)[keep]).abs().max()) <= 1e-5

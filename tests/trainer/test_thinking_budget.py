@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import TemperatureLogitsWarper
 
-from fastrl.trainer.batching import collate
+from fastrl.trainer.batching import KeptSets, collate
 from fastrl.trainer.build import build_model
 from fastrl.trainer.config import ConfigError, make_config
 from fastrl.trainer.rollout import ThinkingBudget, budget_cut, make_engine, thinking_budget_of
@@ -54,7 +54,7 @@ def scripted(tokens_by_prompt: dict):
                 new.append(t)
                 if t == EOS:
                     break
-            out.append((new, [-1.0] * len(new)))
+            out.append((new, [-1.0] * len(new), KeptSets.of([[t, 200 + t] for t in new])))
         return out
 
     return sample_round, calls
@@ -74,6 +74,14 @@ def test_rounds_insert_at_the_budget_and_continue_from_the_inserted_tokens():
     # sampled 4, inserted [4, 8), then the continuation of the context that holds the inserted tokens
     assert a.completion_ids == [5, 6, 7, 8, 80, 81, 92, 93, 9, 9, 9, 9] and a.inserted == (4, 8) and a.truncated
     assert a.logprobs == [-1.0] * 4 + [0.0] * 4 + [-1.0] * 4
+    for comp in comps:  # the rounds' kept sets, concatenated and cut with their tokens; inserted ones empty
+        sampled = [t for i, t in enumerate(comp.completion_ids) if comp.inserted is None or not
+                   comp.inserted[0] <= i < comp.inserted[1]]  # fmt: skip
+        assert comp.kept.counts.tolist() == [
+            0 if comp.inserted and comp.inserted[0] <= i < comp.inserted[1] else 2
+            for i in range(len(comp.completion_ids))
+        ]
+        assert comp.kept.ids.tolist() == [x for t in sampled for x in (t, 200 + t)]
     # opened at 1, thinking tokens from 3, cut back to 3 + 4 = 7 (the tokens sampled after it are dropped)
     assert b.completion_ids == [5, 90, 91, 6, 7, 8, 9, 80, 81, 92, 93, 9] and b.inserted == (7, 11)
     assert c.completion_ids == [5, 6, 7, EOS] and c.inserted is None and not c.truncated

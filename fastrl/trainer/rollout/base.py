@@ -1,9 +1,13 @@
 """What every rollout engine is built from: `(model, tokenizer, config)`, read the same way by each."""
 
+import sys
+
+from ..config import replay_blocker, truncates
+from ..validate import ConfigError
 from .engine import end_token_ids
 from .thinking import thinking_budget_of
 
-__all__ = ["SamplingEngine"]
+__all__ = ["SamplingEngine", "resolve_replay"]
 
 
 class SamplingEngine:
@@ -17,3 +21,24 @@ class SamplingEngine:
         self.top_k, self.min_p = config.top_k, config.min_p  # top_k 0: off
         self.eos_ids = end_token_ids(model, tokenizer)  # the tokenizer's EOS and the model's end-of-turn tokens
         self.thinking = thinking_budget_of(config, tokenizer)
+        self.replay = False  # whether each completion carries its tokens' kept sets (`resolve_replay`)
+
+
+def resolve_replay(config, engine_blocker: str | None) -> bool:
+    """Whether the engine records the sampler's kept sets for the loss to replay (`--sampler-replay`).
+
+    `engine_blocker`: why this engine cannot record them (None: it can). "off": never. "on": always, or a
+    ConfigError naming the reason. "auto": when nothing stands in the way; else the loss finds the sets again from
+    its own logits (docs/math.md §8), said once on stderr (silently when nothing is truncated).
+    """
+    if config.sampler_replay == "off":
+        return False
+    reason = replay_blocker(config) or engine_blocker
+    if reason is None:
+        return True
+    if config.sampler_replay == "on":
+        raise ConfigError("sampler_replay", "on", reason)
+    if truncates(config):
+        print(f"fastrl: sampler_replay=auto: not replaying the sampler's kept sets ({reason}); the loss finds them "
+              "again from its own logits", file=sys.stderr, flush=True)  # fmt: skip
+    return False

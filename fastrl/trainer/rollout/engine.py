@@ -2,11 +2,14 @@
 
 An engine takes tokenized prompts and returns, per completion, its token ids (up to and including EOS),
 whether it was cut at `max_completion_length`, and optionally the sampler's log-probability of each
-sampled token (used for the rollout/trainer mismatch correction `is_cap`, docs/math.md §2).
+sampled token (used for the rollout/trainer mismatch correction `is_cap`, docs/math.md §2), and, where the
+engine records them (`--sampler-replay`), the set of token ids the sampler kept for each token (docs/math.md §9).
 """
 
 from dataclasses import dataclass
 from typing import Protocol
+
+from ..batching import KeptSets
 
 
 @dataclass
@@ -16,6 +19,7 @@ class Completion:
     truncated: bool  # hit max_completion_length before EOS
     logprobs: list[float] | None = None  # sampler's log-prob of each completion token
     inserted: tuple[int, int] | None = None  # [start, end) positions the engine inserted, not sampled (thinking budget)
+    kept: KeptSets | None = None  # the sampler's kept set of each completion token (inserted ones empty), or None
 
 
 class RolloutEngine(Protocol):

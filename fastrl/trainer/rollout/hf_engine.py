@@ -1,9 +1,25 @@
-"""The Hugging Face `generate` engine: samples with the training model itself (CPU, or GPU without vLLM)."""
+"""The Hugging Face `generate` engine: samples with the training model itself (CPU, or GPU without vLLM).
+
+With `--sampler-replay` (the default where something is truncated) the engine records each token's kept set: the
+temperature, top-k, top-p and min-p warpers run inside `_KeptSetRecorder`, in generate's own order and after the
+row processors (`_EndSuppressed`), and the ids they leave finite are the set the token was drawn from.
+"""
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
-from .base import SamplingEngine
+from ..batching import KeptSets
+from .base import SamplingEngine, resolve_replay
 from .engine import Completion
 from .thinking import Request, Sampled, sample_with_budget
 
@@ -31,6 +47,31 @@ class _EndSuppressed(LogitsProcessor):
         return scores
 
 
+class _KeptSetRecorder(LogitsProcessor):
+    """The sampling warpers (temperature, top-k, top-p, min-p: generate's order), then a record of the ids each row
+    kept (its finite scores). generate runs a passed processor before its own warpers, so the engine turns those
+    off and this one applies them: the recorded set is exactly the one sampled from."""
+
+    def __init__(self, temperature: float, top_k: int, top_p: float, min_p: float):
+        self.warpers = [TemperatureLogitsWarper(temperature)]
+        self.warpers += [TopKLogitsWarper(top_k)] if top_k > 0 else []
+        self.warpers += [TopPLogitsWarper(top_p)] if top_p < 1 else []
+        self.warpers += [MinPLogitsWarper(min_p)] if min_p > 0 else []
+        self.steps: list[tuple[torch.Tensor, list[int]]] = []  # per step: (kept ids row after row, row starts)
+
+    def __call__(self, input_ids, scores):
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        kept = scores.isfinite()
+        starts = [0] + kept.sum(1).cumsum(0).tolist()
+        self.steps.append((kept.nonzero()[:, 1].to(torch.int32).cpu(), starts))
+        return scores
+
+    def sets(self, row: int, n: int) -> KeptSets:
+        """Row `row`'s kept sets for its first `n` sampled tokens."""
+        return KeptSets.of([ids[starts[row] : starts[row + 1]] for ids, starts in self.steps[:n]])
+
+
 class _RowLimit(StoppingCriteria):
     """A row is done once it has sampled its own `limit` tokens."""
 
@@ -56,15 +97,17 @@ class HFEngine(SamplingEngine):
             raise ValueError(f"the hf engine samples min_p={self.min_p} after top_p={self.top_p}, unlike vLLM and the "
                              "loss: use one of them, or the vllm engine")  # fmt: skip
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.replay = resolve_replay(config, None)  # this engine can always record them
         # Our own config, swapped in during generate: transformers fills "unset" fields of a passed config
         # from model.generation_config, so a model default (top_k, repetition_penalty, ...) would otherwise
         # change the sampling distribution away from the one the loss scores (softmax(logits / T), top-p).
+        # With replay the recorder applies the warpers (generate's own are off).
         self.generation_config = GenerationConfig(
             do_sample=True,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p if self.min_p > 0 else None,
+            temperature=1.0 if self.replay else self.temperature,
+            top_p=1.0 if self.replay else self.top_p,
+            top_k=0 if self.replay else self.top_k,
+            min_p=self.min_p if self.min_p > 0 and not self.replay else None,
             max_new_tokens=self.max_new_tokens,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_ids,
@@ -85,7 +128,7 @@ class HFEngine(SamplingEngine):
                                       set(self.eos_ids), sample_round, want_logprobs)  # fmt: skip
         rows = [p for p in prompts for _ in range(n)]
         out = sample_round([(p, self.max_new_tokens, self.min_new_tokens) for p in rows])
-        return [Completion(p, ids, ids[-1] not in self.eos_ids, lp) for p, (ids, lp) in zip(rows, out)]
+        return [Completion(p, ids, ids[-1] not in self.eos_ids, lp, kept=kept) for p, (ids, lp, kept) in zip(rows, out)]
 
     def _sample(self, requests: list[Request], want_logprobs: bool) -> list[Sampled]:
         """One batched `generate` over (context, most new tokens, fewest before an end token) requests."""
@@ -100,8 +143,12 @@ class HFEngine(SamplingEngine):
         extra = {"max_new_tokens": max(limits)}
         if min(limits) < max(limits):
             extra["stopping_criteria"] = StoppingCriteriaList([_RowLimit(width, limits)])
-        if max(min_new) > 0:
-            extra["logits_processor"] = LogitsProcessorList([_EndSuppressed(width, min_new, self.eos_ids)])
+        processors = LogitsProcessorList([_EndSuppressed(width, min_new, self.eos_ids)] if max(min_new) > 0 else [])
+        recorder = _KeptSetRecorder(self.temperature, self.top_k, self.top_p, self.min_p) if self.replay else None
+        if recorder is not None:
+            processors.append(recorder)
+        if processors:
+            extra["logits_processor"] = processors
         was_training, model_defaults = self.model.training, self.model.generation_config
         self.model.eval()
         self.model.generation_config = self.generation_config
@@ -120,7 +167,8 @@ class HFEngine(SamplingEngine):
         result = []
         for i, limit in enumerate(limits):
             comp, _ = trim_completion(new[i, :limit].tolist(), set(self.eos_ids))
-            result.append((comp, token_lp[i, : len(comp)].tolist() if token_lp is not None else None))
+            lp = token_lp[i, : len(comp)].tolist() if token_lp is not None else None
+            result.append((comp, lp, None if recorder is None else recorder.sets(i, len(comp))))
         return result
 
     def sync_weights(self, model) -> None:

@@ -8,7 +8,8 @@ the closing marker, and lets the model write the answer after them. Only the fir
 
 The inserted tokens were not sampled by the policy: a `Completion` names them (`inserted`, a [start, end)
 range of completion positions), they carry log-prob 0.0, and the trainer masks them out of the loss and
-of the importance ratios. Everything, inserted tokens included, stays within `max_completion_length`.
+of the importance ratios; their kept sets are empty. A completion's kept sets are its rounds' sets, concatenated
+(cut back with its tokens). Everything, inserted tokens included, stays within `max_completion_length`.
 
 Both engines sample in rounds (`sample_with_budget`): each round continues every unfinished completion
 from its prompt plus what it has so far, at most up to where its budget could run out; a completion
@@ -19,13 +20,14 @@ that point are dropped, which leaves the kept tokens distributed exactly as the 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..batching import KeptSets
 from ..validate import ConfigError
 from .engine import Completion
 
 # (context ids, most new tokens, fewest new tokens before an end token may be sampled)
 Request = tuple[list[int], int, int]
-# (new ids, ending with an end token if one was sampled, and their log-probs or None)
-Sampled = tuple[list[int], list[float] | None]
+# (new ids, ending with an end token if one was sampled, their log-probs or None, their kept sets or None)
+Sampled = tuple[list[int], list[float] | None, KeptSets | None]
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class _Draft:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     inserted: tuple[int, int] | None = None
+    kept: list[KeptSets] | None = field(default_factory=list)  # one per round; None once a round gave none
     done: bool = False
     truncated: bool = False
 
@@ -117,16 +120,23 @@ def sample_with_budget(
     drafts = [_Draft(list(p)) for p in prompts for _ in range(n)]
     while active := [d for d in drafts if not d.done]:
         requests = [(d.prompt + d.ids, d.open_budget(tb, max_new), max(0, min_new - len(d.ids))) for d in active]
-        for d, (new, lps) in zip(active, sample_round(requests)):
+        for d, (new, lps, kept) in zip(active, sample_round(requests)):
             d.ids += new
             d.logprobs += lps if lps is not None else [0.0] * len(new)
+            d.kept = None if d.kept is None or kept is None else d.kept + [kept]
             ended = bool(new) and new[-1] in end_ids
             cut = None if d.inserted is not None else budget_cut(d.prompt, d.ids, tb)
             if cut is not None and not (ended and len(d.ids) == cut):  # an end token as the last budgeted one
                 insert = list(tb.insert_ids[: max_new - cut])
                 d.ids = d.ids[:cut] + insert
                 d.logprobs = d.logprobs[:cut] + [0.0] * len(insert)
+                if d.kept is not None:
+                    d.kept = [KeptSets.cat(d.kept).head(cut), KeptSets.empty(len(insert))]
                 d.inserted, ended = (cut, cut + len(insert)), False
             d.done = ended or len(d.ids) >= max_new or not new  # (an engine that samples nothing: no loop)
             d.truncated = not ended and d.done
-    return [Completion(d.prompt, d.ids, d.truncated, d.logprobs if want_logprobs else None, d.inserted) for d in drafts]
+    return [
+        Completion(d.prompt, d.ids, d.truncated, d.logprobs if want_logprobs else None, d.inserted,
+                   None if d.kept is None else KeptSets.cat(d.kept))
+        for d in drafts
+    ]  # fmt: skip

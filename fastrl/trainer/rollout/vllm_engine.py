@@ -16,6 +16,9 @@ before the first batch: vLLM loads `config.model` from disk, the trainer's copy 
   count in the completion), and a `vllm_kv_cache_gib` that cannot hold one such sequence is refused up front,
   so a long completion is never cut short by the engine; `min_completion_length` is vLLM's `min_tokens`.
 - A thinking budget (`thinking.py`) samples in rounds, one `generate` call per round, a request per completion.
+- Kept sets (`--sampler-replay`, `vllm_kept.py`): where Model Runner V2 runs (a GPU) vLLM returns them
+  (`return_sampling_mask`, top_k > 0); on the V1 runner (its CPU build) our logits processor applies top-k / top-p
+  and records them, vLLM's own top-k / top-p off. Either way each completion is a request of its own.
 
 Tested on vLLM's CPU build (tests/rollout_vllm). Only a GPU run exercises the sleep / wake-up calls.
 """
@@ -30,7 +33,7 @@ import torch
 from ..fsdp import full_state_items, is_sharded
 from ..validate import ConfigError
 from .async_worker import request_seed
-from .base import SamplingEngine
+from .base import SamplingEngine, resolve_replay
 from .engine import Completion
 from .thinking import Request, Sampled, sample_with_budget
 
@@ -62,6 +65,15 @@ def kv_cache_bytes(config, model, dtype: str, max_model_len: int) -> int | None:
             f"{need / 2**30:.3f} GiB",
         )  # fmt: skip
     return size
+
+
+def _model_runner_v2() -> bool:
+    """Whether vLLM runs Model Runner V2 here: its own rule (VLLM_USE_V2_MODEL_RUNNER when set, else where Triton
+    is, so not on its CPU build), less the features that turn it off, which this engine never asks for."""
+    from vllm import envs
+    from vllm.triton_utils import HAS_TRITON
+
+    return bool(HAS_TRITON if envs.VLLM_USE_V2_MODEL_RUNNER is None else envs.VLLM_USE_V2_MODEL_RUNNER)
 
 
 @contextlib.contextmanager
@@ -96,6 +108,9 @@ class VLLMEngine(SamplingEngine):
             self._export = tempfile.TemporaryDirectory(prefix="fastrl-tiny-")
             path = save_tiny(model, tokenizer, self._export.name)
         self.sleep_level = config.vllm_sleep_level if current_platform.is_sleep_mode_available() else 0
+        # kept sets: vLLM's sampling mask where Model Runner V2 runs (GPU), else our recorder (a logits processor)
+        self.recorder = not _model_runner_v2()
+        self.replay = resolve_replay(config, self._replay_blocker(config))
         # a prompt of max_prompt_length and a completion of max_completion_length (inserted tokens included)
         max_model_len = config.max_prompt_length + config.max_completion_length
         dtype = vllm_dtype(config, model)
@@ -103,6 +118,10 @@ class VLLMEngine(SamplingEngine):
         kv_bytes = kv_cache_bytes(config, model, dtype, max_model_len)
         if kv_bytes is not None:
             extra["kv_cache_memory_bytes"] = kv_bytes
+        if self.replay:
+            from .vllm_kept import KeptSetRecorder
+
+            extra.update({"logits_processors": [KeptSetRecorder]} if self.recorder else {"return_sampling_mask": True})
         with _trainer_state_kept():
             self.llm = LLM(
                 model=path,
@@ -118,6 +137,14 @@ class VLLMEngine(SamplingEngine):
         self.asleep, self.seed = False, config.seed
 
     seeded = True  # generate takes prompt_ids: each request seeded through SamplingParams.seed
+
+    def _replay_blocker(self, config) -> str | None:
+        """Why this engine cannot give the kept sets (None: it can)."""
+        if not self.recorder:
+            return None if config.top_k > 0 else "vLLM's sampling mask needs top_k > 0"
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            return "vLLM's engine core runs in another process (VLLM_ENABLE_V1_MULTIPROCESSING is not 0)"
+        return None
 
     def generate(self, prompts: list[list[int]], n: int, want_logprobs: bool = False,
                  prompt_ids: list[int] | None = None) -> list[Completion]:  # fmt: skip
@@ -138,12 +165,14 @@ class VLLMEngine(SamplingEngine):
             rounds = lambda requests: self._sample(requests, want_logprobs)  # noqa: E731
             result = sample_with_budget(prompts, n, self.thinking, self.max_new_tokens, self.min_new_tokens,
                                         set(self.eos_ids), rounds, want_logprobs)  # fmt: skip
-        elif prompt_ids is not None:
+        elif prompt_ids is not None or self.replay:  # a request per completion
             flat = [p for p in prompts for _ in range(n)]
-            seeds = [request_seed(self.seed, pid, k) for pid in prompt_ids for k in range(n)]
+            seeds = [None] * len(flat)
+            if prompt_ids is not None:
+                seeds = [request_seed(self.seed, pid, k) for pid in prompt_ids for k in range(n)]
             params = [self._sampling(1, self.max_new_tokens, self.min_new_tokens, want_logprobs, s) for s in seeds]
-            outs = self.llm.generate([{"prompt_token_ids": p} for p in flat], params, use_tqdm=False)
-            result = [self._completion(p, out.outputs[0], want_logprobs) for p, out in zip(flat, outs)]
+            outs = self._generate([{"prompt_token_ids": p} for p in flat], params)
+            result = [self._completion(p, o.outputs[0], want_logprobs, prm) for p, o, prm in zip(flat, outs, params)]
         else:
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts],
                                      self._sampling(n, self.max_new_tokens, self.min_new_tokens, want_logprobs),
@@ -154,18 +183,43 @@ class VLLMEngine(SamplingEngine):
             self.asleep = True
         return result
 
-    @staticmethod
-    def _completion(prompt: list[int], c, want_logprobs: bool) -> Completion:
+    def _generate(self, prompts: list[dict], params: list):
+        """`llm.generate` of one request per prompt; the recorder's records of a failed call are dropped."""
+        try:
+            return self.llm.generate(prompts, params, use_tqdm=False)
+        except BaseException:
+            if self.replay and self.recorder:
+                from .vllm_kept import EXTRA_KEY, discard
+
+                discard(p.extra_args[EXTRA_KEY]["key"] for p in params)
+            raise
+
+    def _completion(self, prompt: list[int], c, want_logprobs: bool, params=None) -> Completion:
         ids = list(c.token_ids)  # ends with the end token unless cut at max_tokens
         lp = [d[t].logprob for d, t in zip(c.logprobs, ids)] if want_logprobs else None
-        return Completion(list(prompt), ids, c.finish_reason == "length", lp)
+        return Completion(list(prompt), ids, c.finish_reason == "length", lp, kept=self._kept(c, params))
+
+    def _kept(self, c, params):
+        """The completion's kept sets (None without replay): the recorder's, or vLLM's sampling mask."""
+        if not self.replay:
+            return None
+        from .vllm_kept import EXTRA_KEY, from_sampling_mask, take
+
+        n = len(c.token_ids)
+        return take(params.extra_args[EXTRA_KEY]["key"], n) if self.recorder else from_sampling_mask(c.sampling_mask, n)
 
     def _sampling(self, n: int, max_new: int, min_new: int, want_logprobs: bool, seed: int | None = None):
+        recording = self.replay and self.recorder  # top-k / top-p applied by the recorder, theirs off
+        extra = {}
+        if recording:
+            from .vllm_kept import opt_in
+
+            extra["extra_args"] = opt_in(self.top_k, self.top_p)
         return self._params(
             n=n,
             temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,  # 0: off
+            top_p=1.0 if recording else self.top_p,
+            top_k=0 if recording else self.top_k,  # 0: off
             min_p=self.min_p,
             max_tokens=max_new,
             min_tokens=min(min_new, max_new),  # end tokens suppressed before it (a forced length)
@@ -173,17 +227,17 @@ class VLLMEngine(SamplingEngine):
             stop_token_ids=self.eos_ids,
             detokenize=False,  # the trainer decodes with its own tokenizer
             seed=seed,
+            **extra,
         )
 
     def _sample(self, requests: list[Request], want_logprobs: bool) -> list[Sampled]:
         """One batched call over (context, most new tokens, fewest before an end token) requests."""
         params = [self._sampling(1, limit, min_new, want_logprobs) for _, limit, min_new in requests]
-        outs = self.llm.generate([{"prompt_token_ids": c} for c, _, _ in requests], params, use_tqdm=False)
+        outs = self._generate([{"prompt_token_ids": c} for c, _, _ in requests], params)
         result = []
-        for out in outs:
-            c = out.outputs[0]
-            ids = list(c.token_ids)
-            result.append((ids, [d[t].logprob for d, t in zip(c.logprobs, ids)] if want_logprobs else None))
+        for out, prm in zip(outs, params):
+            done = self._completion([], out.outputs[0], want_logprobs, prm)
+            result.append((done.completion_ids, done.logprobs, done.kept))
         return result
 
     def sync_weights(self, model) -> None:
