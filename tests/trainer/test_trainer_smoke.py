@@ -41,6 +41,7 @@ def test_tiny_loop_logs_every_metric(tmp_path):
     ],
     ids=["ppo-epochs-ref-kl-filter", "drgrpo-shaping-is-gspo"],
 )  # fmt: skip
+@pytest.mark.slow  # two tiny training runs, 13–17 s each
 def test_loop_options(tmp_path, options, monkeypatch):
     options = {"warmup_sft_steps": 10, **options}
     configs, shaping = [], []
