@@ -19,9 +19,9 @@ import torch
 from ..dispatch import resolve_impl
 from .checks import check_call, check_return_topk, check_softcap, check_targets_range
 from .function import token_logprobs_impl
+from .invariant import invariant_rows, run_blocks
 from .kept_set import KeptSet, check_kept_set
 from .params import LogprobParams
-from .invariant import invariant_rows, run_blocks
 from .replay import ReplayParams, replay_logprobs
 from .sampled import SampledLogprobs, sampled_tile_rows, token_logprobs_sampled
 from .sampling import Truncation, rule_on, truncation

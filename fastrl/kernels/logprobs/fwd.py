@@ -6,8 +6,9 @@ writing three partials per (split, token): running max m, Σ exp(z − m) and Σ
 The first split's programs also write the target logit, a row-wise dot with the gathered weight row.
 `merge_partials` combines the splits with O(N · splits) torch ops. There are at least
 `configs.FWD_MIN_SPLITS` splits (L2 reuse, see the kernel) and more when N is too small to fill the
-GPU (a fixed `configs.FWD_INVARIANT_SPLITS` when the call asks for batch invariance). Entropy is kept relative to the running max, H = log S − T / S, so large logits do not make
-it the difference of two large numbers. Nothing of size N·V is ever stored.
+GPU (a fixed `configs.FWD_INVARIANT_SPLITS`, summed in order, when the call asks for batch invariance).
+Entropy is kept relative to the running max, H = log S − T / S, so large logits do not make it the
+difference of two large numbers. Nothing of size N·V is ever stored.
 """
 
 import torch

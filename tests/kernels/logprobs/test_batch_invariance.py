@@ -4,14 +4,13 @@ position, on the plain path and the θ path (top-k + top-p, per-token temperatur
 (docs/math.md §1.2). The last call also patches the SM count to an H100's (132) and asks for autotuning, which an
 invariant call must ignore. The θ path's threshold is found on the Triton forward's own logits.
 
-The interpreter's tl.dot is numpy's sgemm, whose result for a row depends on the row's place in the tile (OpenBLAS
-sums some groups of rows in another order); a GPU's MMA tile does not. The Triton cases therefore run the
-interpreter's dot row by row: what they test is everything around the tile (splits, merge, chunk widths, GEMMs).
+The Triton cases run the interpreter's dot row by row (the `rowwise_dot` fixture: numpy's sgemm, unlike a GPU's MMA
+tile, sums a row by its place in the tile); what they test is everything around the tile (splits, merge, chunk
+widths, GEMMs).
 """
 
 import inspect
 
-import numpy as np
 import pytest
 import torch
 
@@ -52,20 +51,8 @@ def _probe(case, rows, impl, sampler):
     return (logp[at], entropy[at], hidden.grad[at], *(t[at] for t in top))
 
 
-def _rowwise_dot(monkeypatch):
-    matmul = np.matmul
-
-    def rowwise(a, b, **kw):
-        if a.ndim != 2:
-            return matmul(a, b, **kw)
-        return np.concatenate([matmul(a[i : i + 1], b, **kw) for i in range(a.shape[0])])
-
-    monkeypatch.setattr(np, "matmul", rowwise)
-
-
 def _check_invariance(impl, sampler, monkeypatch, others, d, autotune=True):
     if impl == "triton":
-        _rowwise_dot(monkeypatch)
         monkeypatch.setenv("FASTRL_CHUNK_BYTES", str(24 * V * 128))  # θ-search blocks of 128 rows (interpreter time)
     case = _case(others + 1, d)
     rest = [r for r in range(others + 1) if r != PROBE]
@@ -92,7 +79,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("impl, sampler, others, d", CASES)
-def test_a_rows_outputs_do_not_depend_on_the_batch(impl, sampler, others, d, monkeypatch):
+def test_a_rows_outputs_do_not_depend_on_the_batch(impl, sampler, others, d, monkeypatch, rowwise_dot):
     _check_invariance(impl, sampler, monkeypatch, others, d)
 
 
@@ -103,7 +90,7 @@ def test_planted_torch_chunks_that_follow_n_fail(monkeypatch):
         _check_invariance("torch", False, monkeypatch, 4096, 32)
 
 
-def test_planted_triton_splits_that_follow_the_sm_count_fail(monkeypatch):
+def test_planted_triton_splits_that_follow_the_sm_count_fail(monkeypatch, rowwise_dot):
     # the forward's vocab split chosen by N and the SM count again, as without batch_invariant
     partials = fwd.logprob_partials
 
