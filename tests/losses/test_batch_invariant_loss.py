@@ -13,7 +13,6 @@ from fastrl import GRPOLoss
 from fastrl.kernels.fused_loss import api as fused_api
 from fastrl.kernels.fused_loss import fused_logprob_grads
 from fastrl.kernels.fused_loss.params import FusedLossParams
-from fastrl.losses import LossConfig
 
 PROBE, T, V = 1, 64, 2100
 
