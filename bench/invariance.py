@@ -19,7 +19,8 @@ D, V = 512, 32768
 
 def _inputs(n, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(n, D, generator=gen), torch.randn(V, D, generator=gen) * 0.05, torch.randint(0, V, (n,))
+    hidden, weight = torch.randn(n, D, generator=gen), torch.randn(V, D, generator=gen) * 0.05
+    return hidden, weight, torch.randint(0, V, (n,), generator=gen)
 
 
 def _logprob_step(kind, n, invariant):

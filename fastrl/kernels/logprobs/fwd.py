@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .. import configs
 from .params import LogprobParams
-from .tile import OPTIONAL_INPUTS, capped_logit_tile, dot_flags, row_scale_of, softcap_tile
+from .tile import OPTIONAL_INPUTS, dot_flags, final_logit_tile, row_scale_of, softcap_tile
 
 __all__ = ["logprob_forward", "logprob_fwd_kernel", "logprob_partials", "merge_partials"]
 
@@ -130,14 +130,11 @@ def logprob_fwd_kernel(
     for i_t in range(t_lo, t_hi):
         o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
         m_v = o_v < V
-        b_z = capped_logit_tile(
-            hidden, weight, bias, softcap, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv, stride_wd,
-            stride_b, HAS_BIAS, HAS_SOFTCAP, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
+        b_z = final_logit_tile(
+            hidden, weight, bias, softcap, b_scale, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv,
+            stride_wd, stride_b, HAS_BIAS, HAS_SOFTCAP, HAS_ROW_SCALE, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION,
+            DOT_UPCAST,
         )  # fmt: skip
-        if HAS_ROW_SCALE:
-            b_z = b_z * b_scale[:, None]
-        else:
-            b_z = b_z * b_scale
         if HAS_THRESHOLD:
             # a dropped token is a masked column. Tiles before a row's first kept token leave max -1e30 and
             # count exp(0) = 1s; the first kept logit rescales them by exp(-1e30 − m) = 0 (the merge does the

@@ -1,7 +1,7 @@
 """The final logits of a block of rows exactly as the Triton forward builds them, written out (docs/math.md §8).
 
 The θ search of the Triton path (sampled.py) runs on this `[C, V]` float32 tile, not on torch's logits: the same
-`capped_logit_tile` (the forward's config, so the same K steps, float32 accumulation, the same dot precision),
+`final_logit_tile` (the forward's config, so the same K steps, float32 accumulation, the same dot precision),
 then the same row scale. The kept set {z ≥ θ} the kernels apply is then found on the very values they compare
 with θ: the trainer agrees with itself (not with the sampler's own logits, which another GEMM computed).
 """
@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .. import configs
 from .params import LogprobParams
-from .tile import capped_logit_tile, dot_flags, row_scale_of
+from .tile import dot_flags, final_logit_tile, row_scale_of
 
 __all__ = ["kernel_logits", "kernel_logits_kernel"]
 
@@ -21,46 +21,24 @@ __all__ = ["kernel_logits", "kernel_logits_kernel"]
     {"HAS_BIAS": lambda args: args["bias"] is not None, "HAS_ROW_SCALE": lambda args: args["row_scale"] is not None}
 )
 @triton.jit
-def kernel_logits_kernel(
-    hidden,
-    weight,
-    bias,
-    row_scale,
-    out,
-    N,
-    V,
-    D,
-    inv_temperature,
-    softcap,
-    stride_hn,
-    stride_hd,
-    stride_wv,
-    stride_wd,
-    stride_b,
-    stride_on,
-    HAS_BIAS: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr,
-    HAS_ROW_SCALE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    DOT_UPCAST: tl.constexpr,
-):
+def kernel_logits_kernel(hidden, weight, bias, row_scale, out, N, V, D, inv_temperature, softcap, stride_hn, stride_hd,
+                         stride_wv, stride_wd, stride_b, stride_on, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                         HAS_ROW_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                         BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):  # fmt: skip
     i_n = tl.program_id(0).to(tl.int64)
     i_v = tl.program_id(1).to(tl.int64)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_n = o_n < N
     o_v = i_v * BLOCK_V + tl.arange(0, BLOCK_V)
     m_v = o_v < V
-    b_z = capped_logit_tile(
-        hidden, weight, bias, softcap, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv, stride_wd,
-        stride_b, HAS_BIAS, HAS_SOFTCAP, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
-    )  # fmt: skip
     if HAS_ROW_SCALE:
-        b_z = b_z * row_scale_of(row_scale, o_n, m_n, inv_temperature)[:, None]
+        b_scale = row_scale_of(row_scale, o_n, m_n, inv_temperature)  # [BN]
     else:
-        b_z = b_z * inv_temperature
+        b_scale = inv_temperature
+    b_z = final_logit_tile(
+        hidden, weight, bias, softcap, b_scale, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv, stride_wd,
+        stride_b, HAS_BIAS, HAS_SOFTCAP, HAS_ROW_SCALE, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
+    )  # fmt: skip
     p_out = out + o_n[:, None] * stride_on + o_v[None, :]
     tl.store(p_out, b_z, mask=m_n[:, None] & m_v[None, :])
 

@@ -23,13 +23,13 @@ from fastrl.kernels.logprobs.params import LogprobParams
 IGNORE, PROBE, V = -100, 5, 2100  # V: 17 vocab tiles of 128, so the Triton forward has 16 splits
 
 
-def _case(n, d, seed=0):
+def _case(n, d, vocab, seed=0):
     gen = torch.Generator().manual_seed(seed)
     case = {
         "hidden": torch.randn(n, d, generator=gen),
-        "weight": torch.randn(V, d, generator=gen) * 0.3,
-        "bias": torch.randn(V, generator=gen) * 0.1,
-        "targets": torch.randint(0, V, (n,), generator=gen),
+        "weight": torch.randn(vocab, d, generator=gen) * 0.3,
+        "bias": torch.randn(vocab, generator=gen) * 0.1,
+        "targets": torch.randint(0, vocab, (n,), generator=gen),
         "tau": torch.rand(n, generator=gen) + 0.5,
         "g": torch.randn(n, generator=gen),
         "e": torch.randn(n, generator=gen),
@@ -54,7 +54,7 @@ def _probe(case, rows, impl, sampler):
 def _check_invariance(impl, sampler, monkeypatch, others, d, autotune=True):
     if impl == "triton":
         monkeypatch.setenv("FASTRL_CHUNK_BYTES", str(24 * V * 128))  # θ-search blocks of 128 rows (interpreter time)
-    case = _case(others + 1, d)
+    case = _case(others + 1, d, V if impl == "triton" else 1000)  # the torch walks have no splits to show
     rest = [r for r in range(others + 1) if r != PROBE]
     alone = _probe(case, [PROBE], impl, sampler)
     first = _probe(case, [PROBE] + rest, impl, sampler)
