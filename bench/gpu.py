@@ -6,8 +6,8 @@
 1. kernels (bench/gpu_kernels.py): the Triton log-prob kernels against a float64 / chunked float32 truth at
    real shapes, then their timings against eager and a bf16 matmul;
 2. replay (bench/gpu_replay.py): the kept-set kernels at N=32,768, D=4,096, V=151,936, k=50 against the float32
-   torch walk and a float64 reference, two calls and a row alone vs in the batch bit for bit, and their time
-   beside the plain kernel's;
+   torch walk and a float64 reference, two calls and a row alone vs in the batch bit for bit (and a row alone vs
+   in the batch for the plain kernels with batch_invariant=True), and their time beside the plain kernel's;
 3. peers (bench/gpu_peers.py): grpo_loss and token_logprobs fwd+bwd against every peer on the live rows,
    each checked against eager first, with TFLOP/s and peak memory;
 4. FSDP2 (bench/gpu_fsdp.py): one training step of a small random Hugging Face model with fastrl's update.

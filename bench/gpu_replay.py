@@ -4,7 +4,8 @@ At N = 32,768, D = 4,096, V = 151,936 in bf16, kept sets of k = 50 ids per live 
 whole vocabulary): impl="triton" against the float32 torch walk on the same (upcast) inputs, every output and
 gradient within a bf16 tolerance, and logp / entropy of 256 rows against a float64 materialized reference.
 Bit-equality: two identical calls give the same bits (outputs and gradients), and a row's logp / entropy are the
-same bits computed alone and inside the batch. Timings: replay fwd+bwd beside the plain Triton call's. A time
+same bits computed alone and inside the batch; so are the plain Triton path's with `batch_invariant=True`
+(docs/math.md §1.2). Timings: replay fwd+bwd beside the plain Triton call's. A time
 is reported only when the checks passed. `--dry-run`: tiny shapes on CPU through the Triton interpreter.
 """
 
@@ -86,7 +87,21 @@ def check(n, d, v, k, device):
     )
     rows.append(f"| row {probe} alone vs in the batch (logp, entropy) | bit-equal: {invariant} | - | "
                 f"{'ok' if invariant else 'FAIL'} |")  # fmt: skip
+    plain = plain_row_invariant(hidden, weight, targets, probe)
+    ok &= plain
+    rows.append(f"| plain, batch_invariant: row {probe} alone vs in the batch (logp, entropy) | bit-equal: {plain} "
+                f"| - | {'ok' if plain else 'FAIL'} |")  # fmt: skip
     return ok, rows
+
+
+def plain_row_invariant(hidden, weight, targets, probe) -> bool:
+    """Whether the plain Triton path with batch_invariant=True gives row `probe` the same logp / entropy bits
+    alone and in the batch (two calls)."""
+    with torch.no_grad():
+        kw = dict(return_entropy=True, impl="triton", batch_invariant=True)
+        batch = fastrl.token_logprobs(hidden, weight, targets, **kw)
+        alone = fastrl.token_logprobs(hidden[probe : probe + 1], weight, targets[probe : probe + 1], **kw)
+    return all(torch.equal(a[0], b[probe]) for a, b in zip(alone, batch))
 
 
 def bench(n, d, v, k, device, reps):

@@ -28,3 +28,20 @@ def verl_python() -> str:
     if not pathlib.Path(py).exists():
         pytest.fail(f"FASTRL_VERL_PYTHON={py!r} does not exist: run .ci/verl.sh")
     return py
+
+
+@pytest.fixture
+def rowwise_dot(monkeypatch):
+    """The Triton interpreter's tl.dot one row at a time. Its dot is numpy's sgemm, whose result for a row depends on
+    the row's place in the tile (OpenBLAS sums some groups of rows in another order); a GPU's MMA tile does not. A
+    batch-invariance test under the interpreter takes this fixture, and then tests everything around the tile."""
+    import numpy as np
+
+    matmul = np.matmul
+
+    def rowwise(a, b, **kw):
+        if a.ndim != 2:
+            return matmul(a, b, **kw)
+        return np.concatenate([matmul(a[i : i + 1], b, **kw) for i in range(a.shape[0])])
+
+    monkeypatch.setattr(np, "matmul", rowwise)

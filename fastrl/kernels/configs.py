@@ -16,8 +16,10 @@ __all__ = [
     "AUTOTUNE_KEYS",
     "BWD_SLAB_BYTES",
     "DEFAULT_CONFIGS",
+    "FWD_INVARIANT_SPLITS",
     "FWD_MIN_SPLITS",
     "FWD_WAVES",
+    "INVARIANT_GEMM_ROWS",
     "POLICY_MAX_BLOCK_T",
     "POLICY_MIN_BLOCK_T",
     "POLICY_NUM_WARPS",
@@ -45,6 +47,11 @@ FWD_WAVES = 2
 # Vocab splits of the forward at any N: a resident wave then covers SMs / 8 token blocks, whose
 # hidden rows fit in L2 while the 8 splits stream disjoint vocab ranges (see logprobs/fwd.py).
 FWD_MIN_SPLITS = 8
+# Batch invariance (docs/math.md §1.2): the forward's vocab splits, whatever N and the SM count (2·FWD_MIN_SPLITS:
+# 8 token blocks then fill a wave of 128 programs), and the row count of every d_hidden GEMM of the backward
+# (a library GEMM's per-row result depends on its shape, never on the row's place in it).
+FWD_INVARIANT_SPLITS = 16
+INVARIANT_GEMM_ROWS = 1024
 
 # Policy-loss kernels: one program per sequence walks its row in BLOCK_T pieces, BLOCK_T the next power of
 # two of T, between these bounds. 8 warps keep the forward's ten [BLOCK_T] accumulators at 4 registers
@@ -165,10 +172,12 @@ def sm_count(device: torch.device) -> int:
 _TUNED = {}
 
 
-def kernel_and_kwargs(kernel: str, jit_fn, device: torch.device):
-    """The kernel to launch and its config kwargs: the default, or an autotuner (then no kwargs)."""
+def kernel_and_kwargs(kernel: str, jit_fn, device: torch.device, tune: bool = True):
+    """The kernel to launch and its config kwargs: the default, or an autotuner (then no kwargs) when
+    FASTRL_AUTOTUNE asks for one and `tune` allows it (a batch-invariant call never tunes: its config would
+    follow the token count)."""
     arch = arch_of(device)
-    if autotune_enabled(device):
+    if tune and autotune_enabled(device):
         if (kernel, arch) not in _TUNED:
             tuner = triton.autotune(configs=AUTOTUNE_CONFIGS[kernel][arch], key=AUTOTUNE_KEYS[kernel])
             _TUNED[(kernel, arch)] = tuner(jit_fn)

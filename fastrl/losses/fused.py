@@ -78,6 +78,7 @@ def fused_grpo_parts(
     temperature,
     return_entropy,
     ignore_index,
+    batch_invariant=False,
 ):
     """`fused_grpo_loss`, and the pass's detached log-probs `[B, T]` and entropy `[B, T]` (or None) with it, for a
     caller that logs metrics of its own from them. `targets` hold `ignore_index` wherever mask is 0. A config with
@@ -86,7 +87,7 @@ def fused_grpo_parts(
         out, logp, entropy = sampled_grpo_parts(
             hidden, weight, targets, mask, advantages, bias=bias, old=old, ref=ref, rollout=rollout, config=config,
             normalizer=normalizer, impl=impl, temperature=temperature, return_entropy=return_entropy,
-            ignore_index=ignore_index,
+            ignore_index=ignore_index, batch_invariant=batch_invariant,
         )  # fmt: skip
         return out, logp.detach(), None if entropy is None else entropy.detach()
     need_entropy = config.entropy_coef != 0 or return_entropy
@@ -127,6 +128,7 @@ def fused_grpo_parts(
         ignore_index=ignore_index,
         entropy=need_entropy,
         impl=impl,
+        batch_invariant=batch_invariant,
     )
     out = policy_loss(
         logp,
@@ -145,16 +147,16 @@ def fused_grpo_parts(
 
 def sampled_grpo_parts(hidden, weight, targets, mask, advantages, *, bias, old, ref, rollout, config, normalizer, impl,
                        temperature, return_entropy, ignore_index, sampler=None, process_group=None,
-                       kept=None):  # fmt: skip
+                       kept=None, batch_invariant=False):  # fmt: skip
     """(LossOutput, logp, entropy) of the loss on the sampler's distribution (docs/math.md §8): its log-probs (two
     passes, no gradient-in-forward), then `policy_loss`; metrics["outside_kept_frac"] added. `sampler`: top_k /
     top_p / min_p (None: config's); with `process_group` the vocab-parallel call takes the soft-cap and refuses
     the truncation rules (each named). `kept`: the sampler's kept sets (kept_ids, kept_offsets), replayed; a live
-    token whose target is outside its set is a ValueError naming it."""
+    token whose target is outside its set is a ValueError naming it. `batch_invariant`: as `token_logprobs`'."""
     sampler = dict(top_k=config.top_k, top_p=config.top_p, min_p=config.min_p) if sampler is None else sampler
     need_entropy = config.entropy_coef != 0 or config.top_entropy_quantile < 1 or return_entropy
     options = dict(bias=bias, temperature=temperature, ignore_index=ignore_index, return_entropy=need_entropy,
-                   impl=impl, softcap=config.softcap, **sampler)  # fmt: skip
+                   impl=impl, softcap=config.softcap, batch_invariant=batch_invariant, **sampler)  # fmt: skip
     if kept is not None:
         options.update(kept_ids=kept[0], kept_offsets=kept[1])
     if process_group is None:

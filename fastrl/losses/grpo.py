@@ -38,6 +38,7 @@ def grpo_loss(
     min_p: float | torch.Tensor | None = None,
     kept_ids: torch.Tensor | None = None,
     kept_offsets: torch.Tensor | None = None,
+    batch_invariant: bool = False,
 ) -> LossOutput:
     """Fused GRPO/PPO loss straight from the LM body's hidden states (docs/math.md §1–3).
 
@@ -76,6 +77,10 @@ def grpo_loss(
             over each set (docs/math.md §9), never the plain fused path. The sets of mask-0 positions are
             ignored; a mask-1 position's target must be in its set (a ValueError naming the position: mask out
             the tokens whose target the sampler did not keep). Not with top_k / top_p / min_p (nor config's).
+        batch_invariant: a token's log-prob and entropy, and the d_hidden of its row, are the same bits whichever
+            sequences share the call, their number and order (docs/math.md §1.2), on every path (fused, sampler,
+            replay, recompute) and in both implementations; it costs speed at small N. The loss and d_weight
+            still sum over the batch. Not with process_group (ValueError).
 
     Returns:
         LossOutput(loss, metrics), as `policy_loss`.
@@ -119,13 +124,14 @@ def grpo_loss(
             hidden, weight, targets, mask, advantages, bias=bias, old=old_logprobs, ref=ref_logprobs,
             rollout=rollout_logprobs, config=config, normalizer=normalizer, impl=impl, temperature=tau,
             return_entropy=return_entropy, ignore_index=IGNORE_INDEX, sampler=sampler, process_group=process_group,
-            kept=(kept_ids, kept_offsets),
+            kept=(kept_ids, kept_offsets), batch_invariant=batch_invariant,
         )[0]  # fmt: skip
     if sampler_on(**sampler, softcap=config.softcap):
         return sampled_grpo_parts(
             hidden, weight, targets, mask, advantages, bias=bias, old=old_logprobs, ref=ref_logprobs,
             rollout=rollout_logprobs, config=config, normalizer=normalizer, impl=impl, temperature=tau,
             return_entropy=return_entropy, ignore_index=IGNORE_INDEX, sampler=sampler, process_group=process_group,
+            batch_invariant=batch_invariant,
         )[0]  # fmt: skip
     if (
         isinstance(hidden, torch.Tensor)
@@ -134,6 +140,8 @@ def grpo_loss(
         and hidden.dtype in (torch.float16, torch.bfloat16)
     ):
         hidden = hidden.float()  # a float32 head (docs/math.md §8): one O(N·D) copy; d_hidden comes back in bf16
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant must be a bool, got {batch_invariant!r}")
     if process_group is None and wants_fused(hidden, weight, bias, config, old_logprobs, rollout_logprobs):
         return fused_grpo_loss(
             hidden,
@@ -151,6 +159,7 @@ def grpo_loss(
             temperature=tau,
             return_entropy=return_entropy,
             ignore_index=IGNORE_INDEX,
+            batch_invariant=batch_invariant,
         )
     need_entropy = config.entropy_coef != 0 or config.top_entropy_quantile < 1 or return_entropy
     out = token_logprobs(
@@ -163,6 +172,7 @@ def grpo_loss(
         return_entropy=need_entropy,
         impl=impl,
         process_group=process_group,
+        batch_invariant=batch_invariant,
     )
     logp, entropy = out if need_entropy else (out, None)
     return policy_loss(
@@ -181,9 +191,10 @@ def grpo_loss(
 
 class GRPOLoss(nn.Module):
     """`nn.Module` wrapper of `grpo_loss`: `GRPOLoss(loss_agg="grpo", beta=0.04, ...)` takes the
-    `LossConfig` fields (or `config=`), plus `impl`; forward takes grpo_loss's tensors."""
+    `LossConfig` fields (or `config=`), plus `impl` and `batch_invariant`; forward takes grpo_loss's tensors."""
 
-    def __init__(self, *, config: LossConfig | None = None, impl: str = "auto", **fields):
+    def __init__(self, *, config: LossConfig | None = None, impl: str = "auto", batch_invariant: bool = False,
+                 **fields):  # fmt: skip
         super().__init__()
         if config is not None and fields:
             raise ValueError(f"pass either config or LossConfig fields, not both (got fields {sorted(fields)})")
@@ -193,11 +204,15 @@ class GRPOLoss(nn.Module):
             raise TypeError(f"unknown LossConfig field(s) {unknown}; known: {sorted(known)}")
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        if not isinstance(batch_invariant, bool):
+            raise TypeError(f"batch_invariant must be a bool, got {batch_invariant!r}")
         self.config = config if config is not None else LossConfig(**fields)
         self.impl = impl
+        self.batch_invariant = batch_invariant
 
     def forward(self, hidden, weight, targets, mask, advantages, **kwargs) -> LossOutput:
+        kwargs.setdefault("batch_invariant", self.batch_invariant)
         return grpo_loss(hidden, weight, targets, mask, advantages, config=self.config, impl=self.impl, **kwargs)
 
     def extra_repr(self) -> str:
-        return f"{self.config}, impl={self.impl!r}"
+        return f"{self.config}, impl={self.impl!r}, batch_invariant={self.batch_invariant}"

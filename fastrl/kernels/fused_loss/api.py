@@ -29,6 +29,7 @@ def fused_logprob_grads(
     entropy: bool = False,
     entropy_grad: bool = True,
     impl: str = "auto",
+    batch_invariant: bool = False,
 ):
     """Per-token logp (and entropy) and, from the same pass, the gradients of L = Σ ℓ(logp, H).
 
@@ -41,6 +42,8 @@ def fused_logprob_grads(
         entropy_grad: False promises that token_grad returns None for ∂L/∂H (the entropy is a metric), which
             lets the float32 CPU walk form the entropy from its d_hidden GEMM (lean.py); a ∂L/∂H then raises.
         impl: "auto", "triton" (Triton fold / ∂z epilogue, GEMMs in torch) or "torch".
+        batch_invariant: a token's logp, entropy and d_hidden row are the same bits whichever tokens share the
+            call (docs/math.md §1.2): every chunk is padded to the full row count.
 
     Returns:
         logp `[...]`, entropy `[...]` or None (float32, detached), and (d_hidden, d_weight, d_bias):
@@ -55,7 +58,9 @@ def fused_logprob_grads(
     flat = torch.where(targets == ignore_index, -1, targets).reshape(-1)
     tau = temperature.float().reshape(-1) if per_token else float(temperature)
     needs = tuple(t is not None and t.requires_grad for t in (hidden, weight, bias))
-    params = FusedLossParams(impl=impl, entropy=bool(entropy), needs=needs, entropy_grad=bool(entropy_grad))
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant must be a bool, got {batch_invariant!r}")
+    params = FusedLossParams(impl, bool(entropy), needs, bool(entropy_grad), batch_invariant)
     with torch.no_grad(), no_autocast(hidden):
         h2 = hidden.detach().reshape(flat.numel(), hidden.shape[-1])
         b = None if bias is None else bias.detach()
@@ -81,6 +86,7 @@ def policy_loss_grads(
     ignore_index: int = -100,
     entropy: bool = False,
     impl: str = "auto",
+    batch_invariant: bool = False,
 ):
     """Log-probs, entropy and the gradients of L = Σ_b row_weight_b · Σ_t m·ℓ_t, from one pass.
 
@@ -89,7 +95,8 @@ def policy_loss_grads(
         advantages, mask, old, ref, params: as for `policy_rows` (a token-level ratio); token_weight: its
             detached `weight` of the policy term, which must not depend on the current log-probs.
         row_weight: `[B]` ∂L/∂row_loss of the aggregation. bias, temperature, ignore_index, impl: as for
-            `fused_logprob_grads`; entropy: compute it (forced on when params.entropy_coef != 0).
+            `fused_logprob_grads`; entropy: compute it (forced on when params.entropy_coef != 0); batch_invariant:
+            as for `fused_logprob_grads`.
 
     Returns:
         logp `[B, T]`, entropy `[B, T]` or None, and (d_hidden, d_weight, d_bias) as `fused_logprob_grads`.
@@ -109,4 +116,5 @@ def policy_loss_grads(
         entropy=entropy or params.entropy_coef != 0,
         entropy_grad=params.entropy_coef != 0,
         impl=impl,
+        batch_invariant=batch_invariant,
     )

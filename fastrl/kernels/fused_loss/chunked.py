@@ -4,7 +4,8 @@ Per chunk of C live tokens: the `[C, V]` float32 logit tile (one GEMM), its fold
 entropy, the per-token loss derivatives ∂ℓ/∂logp and ∂ℓ/∂H from the policy op, ∂ℓ/∂z formed in the
 tile in place, then d_hidden of the chunk (one GEMM, inner dim V, complete) and d_weight += ∂zᵀ·h (one
 GEMM, accumulated in float32). 6·N·D·V FLOPs against the 8·N·D·V of a forward plus a recomputing
-backward. Masked tokens are left out of the chunks altogether. The fold runs as torch ops (impl
+backward. Masked tokens are left out of the chunks altogether; asked for batch invariance, the last chunk is padded
+to the full row count with zero rows, so no product's shape follows N. The fold runs as torch ops (impl
 "torch") or as the two Triton kernels of epilogue.py (impl "triton"); the GEMMs are torch's either way.
 """
 
@@ -13,6 +14,7 @@ import os
 import torch
 
 from ..logits import divide_rows, logit_tile
+from ..logprobs.invariant import pad_rows
 from .lean import lean_applies, lean_forward
 from .params import FusedLossParams
 
@@ -123,7 +125,8 @@ def fused_forward(hidden, weight, bias, targets, tau, token_grad, params: FusedL
     d_hidden = torch.zeros(n, d, dtype=hidden.dtype, device=dev) if need_h else None
     d_weight = torch.zeros(v, d, dtype=torch.float32, device=dev) if need_w else None
     d_bias = torch.zeros(v, dtype=torch.float32, device=dev) if need_b else None
-    tile = torch.empty(min(rows, live.numel()), v, dtype=torch.float32, device=dev)
+    # batch invariance: every tile, GEMM and row reduction of one shape, the last chunk padded with zero rows
+    tile = torch.empty(rows if params.batch_invariant else min(rows, live.numel()), v, dtype=torch.float32, device=dev)
     low = hidden.dtype != torch.float32
     # the Triton epilogue writes ∂z straight in the GEMM dtype; the torch fold casts its float32 tile
     dz_buf = torch.empty(tile.shape, dtype=hidden.dtype, device=dev) if low and params.impl == "triton" else None
@@ -131,17 +134,19 @@ def fused_forward(hidden, weight, bias, targets, tau, token_grad, params: FusedL
     for start in range(0, live.numel(), rows):
         idx = live[start : start + rows]
         c = idx.numel()
-        h = hidden.index_select(0, idx)
-        z = tile[:c]
+        pad = tile.shape[0] - c if params.batch_invariant else 0
+        h = pad_rows(hidden.index_select(0, idx), pad, 0.0)
+        z = tile[: c + pad]
         logit_tile(h, weight, bias, out=z, fp32_product=True)  # z / τ is the fold's first step
-        tau_c = tau.index_select(0, idx) if isinstance(tau, torch.Tensor) else tau
-        fold = fold_cls(z, targets.index_select(0, idx), tau_c, params.entropy)
-        logp.index_copy_(0, idx, fold.logp)
+        tau_c = pad_rows(tau.index_select(0, idx), pad, 1.0) if isinstance(tau, torch.Tensor) else tau
+        fold = fold_cls(z, pad_rows(targets.index_select(0, idx), pad, 0), tau_c, params.entropy)
+        logp.index_copy_(0, idx, fold.logp[:c])
         if entropy is not None:
-            entropy.index_copy_(0, idx, fold.entropy)
-        g, g_entropy = token_grad(idx, fold.logp, fold.entropy)
+            entropy.index_copy_(0, idx, fold.entropy[:c])
+        g, g_entropy = token_grad(idx, fold.logp[:c], None if fold.entropy is None else fold.entropy[:c])
+        g, g_entropy = pad_rows(g, pad, 0.0), None if g_entropy is None else pad_rows(g_entropy, pad, 0.0)
         if params.impl == "triton":
-            dz = fold.dz(g, g_entropy, z if dz_buf is None else dz_buf[:c])
+            dz = fold.dz(g, g_entropy, z if dz_buf is None else dz_buf[: c + pad])
         else:
             dz = fold.dz(g, g_entropy)
         del fold
@@ -149,7 +154,7 @@ def fused_forward(hidden, weight, bias, targets, tau, token_grad, params: FusedL
             d_bias.add_(dz.sum(0, dtype=torch.float32))
         dz_mm = dz if dz.dtype == hidden.dtype else dz.to(hidden.dtype)
         if d_hidden is not None:
-            d_hidden.index_copy_(0, idx, dz_mm @ weight)
+            d_hidden.index_copy_(0, idx, (dz_mm @ weight)[:c])
         if d_weight is not None:
             if low and not dz.is_cuda:
                 _acc_fp32(d_weight, dz.T, h)  # CPU: float32 GEMM on the float32 ∂z

@@ -11,6 +11,7 @@ H = log s + shift − (h·Σ_v e_v W_v + Σ_v e_v b_v)/(τ·s).
 import torch
 
 from ..logits import logit_tile
+from ..logprobs.invariant import pad_rows
 from ..logprobs.vocab_major import shifted_exp_t, tile_t, vocab_major_rows
 from .params import FusedLossParams
 
@@ -50,28 +51,31 @@ def lean_forward(hidden, weight, bias, targets, tau, token_grad, params: FusedLo
     d_bias = torch.zeros(v, dtype=torch.float32, device=dev) if need_b else None
     entropy = torch.zeros(n, dtype=torch.float32, device=dev) if params.entropy else None
     rows = vocab_major_rows(rows)
-    tile = tile_t(v, min(rows, live.numel()), dev)
+    # batch invariance: every tile and GEMM of one shape, the last chunk padded with zero rows (chunked.py)
+    tile = tile_t(v, rows if params.batch_invariant else min(rows, live.numel()), dev)
     for start in range(0, live.numel(), rows):
         idx = live[start : start + rows]
         c = idx.numel()
-        h, y = hidden.index_select(0, idx), targets.index_select(0, idx)
-        tau_c = tau.index_select(0, idx) if isinstance(tau, torch.Tensor) else tau
-        e = logit_tile(h, weight, bias, tau=tau_c, out=tile[:, :c], vocab_major=True)
+        pad = tile.shape[1] - c if params.batch_invariant else 0
+        h, y = pad_rows(hidden.index_select(0, idx), pad, 0.0), pad_rows(targets.index_select(0, idx), pad, 0)
+        tau_c = pad_rows(tau.index_select(0, idx), pad, 1.0) if isinstance(tau, torch.Tensor) else tau
+        e = logit_tile(h, weight, bias, tau=tau_c, out=tile[:, : c + pad], vocab_major=True)
         z_y, shift, s = shifted_exp_t(e, h, weight, bias, tau_c, y)
         logp_c = z_y - shift - s.log()
-        logp.index_copy_(0, idx, logp_c)
+        logp.index_copy_(0, idx, logp_c[:c])
         ew = torch.mm(e.T, weight) if d_hidden is not None else None  # Σ_v e_v W_v, [C, D]
         h_c = None
         if entropy is not None:
             h_c = _entropy(s, shift, h, ew, e, bias, tau_c)
-            entropy.index_copy_(0, idx, h_c)
-        g, g_entropy = token_grad(idx, logp_c, h_c)
+            entropy.index_copy_(0, idx, h_c[:c])
+        g, g_entropy = token_grad(idx, logp_c[:c], None if h_c is None else h_c[:c])
         if g_entropy is not None:
             raise RuntimeError("lean_forward: token_grad returned ∂L/∂H for a loss declared without entropy gradient")
+        g = pad_rows(g, pad, 0.0)
         g_tau = (g / tau_c).unsqueeze(-1)  # ∂L/∂z = g_tau·(onehot − e/s)
         neg = -g_tau / s.unsqueeze(-1)
         if d_hidden is not None:
-            d_hidden.index_copy_(0, idx, ew.mul_(neg).add_(weight.index_select(0, y) * g_tau))
+            d_hidden.index_copy_(0, idx, ew.mul_(neg).add_(weight.index_select(0, y) * g_tau)[:c])
         if d_weight is not None:
             d_weight.addmm_(e, h * neg).index_add_(0, y, h * g_tau)
         if d_bias is not None:

@@ -11,3 +11,4 @@ class FusedLossParams:
     entropy: bool  # compute the entropy (for the loss's bonus or as a metric)
     needs: tuple[bool, bool, bool]  # gradients wanted for (hidden, weight, bias)
     entropy_grad: bool = True  # token_grad may return ∂L/∂H (False: the entropy is a metric only)
+    batch_invariant: bool = False  # every chunk padded to the full row count: a token's results never follow N

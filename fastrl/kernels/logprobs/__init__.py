@@ -12,6 +12,8 @@ function.py  the autograd Functions of the chunked and Triton paths
 api.py       `token_logprobs` / `sampled_token_logprobs` and `route`, the one router over the paths
 sampling.py  the sampler's kept set (min-p, top-k, top-p) as one threshold per row, and `sampler_on`
 sampled.py   the truncated / soft-capped forward and backward (docs/math.md §8)
+kernel_logits.py  the Triton forward's own final logits of a block of rows (the Triton path's θ search)
+invariant.py the torch walks on blocks of a fixed row count: batch invariance (docs/math.md §1.2)
 vocab_parallel.py  the head split by rows over a process group (docs/math.md §6)
 kept_set.py  the sampler's kept sets in CSR form: their contract, and `kept_set_from_vllm` (docs/math.md §9)
 replay.py    the replay path: log-probs over given kept sets, its autograd Function (docs/math.md §9)

@@ -19,10 +19,11 @@ import torch
 from ..dispatch import resolve_impl
 from .checks import check_call, check_return_topk, check_softcap, check_targets_range
 from .function import token_logprobs_impl
+from .invariant import invariant_rows, run_blocks
 from .kept_set import KeptSet, check_kept_set
 from .params import LogprobParams
 from .replay import ReplayParams, replay_logprobs
-from .sampled import SampledLogprobs, token_logprobs_sampled
+from .sampled import SampledLogprobs, sampled_tile_rows, token_logprobs_sampled
 from .sampling import Truncation, rule_on, truncation
 from .vocab_parallel import resolve_shard, shard_layout, token_logprobs_vocab_parallel
 
@@ -91,6 +92,24 @@ def _replay(c: _Call) -> SampledLogprobs:
 _PATHS = {"plain": _plain, "sampled": _sampled, "vocab_parallel": _vocab_parallel, "replay": _replay}
 
 
+def _in_blocks(c: _Call) -> SampledLogprobs:
+    """The torch plain or sampled path, batch-invariant: on blocks of a fixed number of live rows (invariant.py)."""
+    run = _PATHS[route(c)]
+    live = torch.nonzero(c.targets != c.params.ignore_index).squeeze(-1)
+    if live.numel() == 0:
+        return run(c)
+    vocab, per_row = c.weight.shape[0], isinstance(c.tau, torch.Tensor)
+    rows = invariant_rows(vocab) if run is _plain else sampled_tile_rows(vocab)
+    rules = tuple(zip(c.trunc or (None,) * 3, (0, 1.0, 0.0)))  # a padding row keeps every token
+
+    def block(hidden, targets, tau, *rule_rows):
+        trunc = None if c.trunc is None else Truncation(*rule_rows)
+        return tuple(run(c._replace(hidden=hidden, targets=targets, tau=tau if per_row else c.tau, trunc=trunc)))
+
+    inputs = ((c.hidden, 0.0), (c.targets, 0), (c.tau, 1.0) if per_row else (None, None), *rules)
+    return SampledLogprobs(*run_blocks(block, live, c.targets.shape[0], rows, inputs))
+
+
 def _refuse_with_group(top_k, top_p, min_p, return_topk) -> None:
     for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
         if rule_on(name, value):
@@ -122,8 +141,14 @@ def _refuse_with_kept_sets(top_k, top_p, min_p, process_group) -> None:
 
 def _logprobs(hidden, weight, targets, *, bias, temperature, ignore_index, return_entropy, impl, process_group,
               top_k, top_p, min_p, softcap, return_topk, kept_ids=None, kept_offsets=None,
-              on_missing="raise") -> SampledLogprobs:  # fmt: skip
+              on_missing="raise", batch_invariant=False) -> SampledLogprobs:  # fmt: skip
     """Check, flatten, route and run one call; every output shaped like targets (`outside` all False off S)."""
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant must be a bool, got {batch_invariant!r}")
+    if batch_invariant and process_group is not None:
+        raise ValueError(
+            "batch_invariant=True is not supported with process_group: gather the head and call without it"
+        )
     replay = kept_ids is not None or kept_offsets is not None
     if replay:
         if kept_ids is None or kept_offsets is None:
@@ -159,12 +184,15 @@ def _logprobs(hidden, weight, targets, *, bias, temperature, ignore_index, retur
         ignore_index = -1
     per_token = isinstance(temperature, torch.Tensor)
     tau = temperature.reshape(-1).float() if per_token else float(temperature)
-    params = LogprobParams(1.0 if per_token else tau, ignore_index, bool(return_entropy), softcap)
+    params = LogprobParams(1.0 if per_token else tau, ignore_index, bool(return_entropy), softcap, batch_invariant)
     h2 = hidden.reshape(targets.numel(), hidden.shape[-1])  # not -1: D = 0 or N = 0 leave -1 ambiguous
     t1 = targets.reshape(-1)
     kept = check_kept_set(kept_ids, kept_offsets, t1, ignore_index, vocab, on_missing) if replay else None
     call = _Call(h2, weight, bias, t1, tau, params, impl, trunc, return_topk, process_group, first_row, kept)
-    out = _PATHS[route(call)](call)
+    path = route(call)
+    # the torch walks reach invariance through fixed blocks; the Triton kernels and the replay path by themselves
+    invariant_blocks = batch_invariant and impl == "torch" and path in ("plain", "sampled")
+    out = _in_blocks(call) if invariant_blocks else _PATHS[path](call)
     k = return_topk
     return SampledLogprobs(
         out.logp.reshape(lead),
@@ -193,6 +221,7 @@ def token_logprobs(
     return_topk: int | None = None,
     kept_ids: torch.Tensor | None = None,
     kept_offsets: torch.Tensor | None = None,
+    batch_invariant: bool = False,
 ):
     """Log-probability of each target token, straight from hidden states and the LM-head weight.
 
@@ -229,6 +258,9 @@ def token_logprobs(
             is empty, a live row's is not, and must hold the row's target (else a ValueError naming the row). logp
             and entropy are then those of softmax over the set, at O(Σ|S|·D) cost (never the `[N, V]` logits):
             see `kept_set_from_vllm`. Not with top_k / top_p / min_p nor process_group (ValueError).
+        batch_invariant: a row's logp, entropy, top-k export and d_hidden are the same bits whichever rows share
+            the call, their number and order (docs/math.md §1.2), in both implementations; it costs speed at small
+            N (fixed tiles and vocab splits). The replay path always is. Not with process_group (ValueError).
 
     Returns:
         logp `[...]` float32, or `(logp, entropy)` with return_entropy=True; with return_topk the two top-k
@@ -246,6 +278,7 @@ def token_logprobs(
         hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index,
         return_entropy=return_entropy, impl=impl, process_group=process_group, top_k=top_k, top_p=top_p,
         min_p=min_p, softcap=softcap, return_topk=return_topk, kept_ids=kept_ids, kept_offsets=kept_offsets,
+        batch_invariant=batch_invariant,
     )  # fmt: skip
     res = (out.logp,) + ((out.entropy,) if return_entropy else ())
     res += (out.topk_ids, out.topk_logprobs) if return_topk is not None else ()
@@ -255,6 +288,7 @@ def token_logprobs(
 def sampled_token_logprobs(
     hidden, weight, targets, *, bias=None, temperature=1.0, ignore_index=-100, return_entropy=False, impl="auto",
     top_k=None, top_p=None, min_p=None, softcap=None, return_topk=None, kept_ids=None, kept_offsets=None,
+    batch_invariant=False,
 ) -> SampledLogprobs:  # fmt: skip
     """`token_logprobs` with the sampler's options (docs/math.md §8, §9), every output in one SampledLogprobs shaped
     like targets, `outside` included (the target is not in the kept set; all False when nothing is dropped).
@@ -265,5 +299,5 @@ def sampled_token_logprobs(
         hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index,
         return_entropy=return_entropy, impl=impl, process_group=None, top_k=top_k, top_p=top_p, min_p=min_p,
         softcap=softcap, return_topk=return_topk, kept_ids=kept_ids, kept_offsets=kept_offsets,
-        on_missing="mask",
+        on_missing="mask", batch_invariant=batch_invariant,
     )  # fmt: skip

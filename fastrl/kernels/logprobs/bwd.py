@@ -11,7 +11,9 @@ d_weight[chunk] = slabᵀ h (complete, fp32-accumulated inside the GEMM) and
 d_hidden += slab W[chunk] (fp32 across chunks). That is the 6·N·D·V FLOP floor, with 4·N·D·V of it
 at cuBLAS speed, and O(N·D) fp32 extra memory besides the slab. With a kept-set threshold, soft-cap or
 per-row scale (docs/math.md §1.1) the slab holds ∂L/∂(h·W + b) with the kept set fixed and the chain
-factors applied; with an fp32 head it is float32, as are both GEMMs.
+factors applied; with an fp32 head it is float32, as are both GEMMs. Asked for batch invariance (docs/math.md
+§1.2), the slab width is that of a fixed token count and d_hidden is summed in `configs.INVARIANT_GEMM_ROWS`-row
+GEMMs of one shape.
 """
 
 import torch
@@ -142,6 +144,21 @@ def _mm_f32(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch
     return prod if acc is None else acc.add_(prod)
 
 
+# The token count whose slab width a batch-invariant backward takes at every N (its slab passes BWD_SLAB_BYTES
+# beyond it).
+_INVARIANT_TOKENS = 32768
+
+
+def _blocked_mm_f32(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, rows: int) -> torch.Tensor:
+    """acc + a @ b in float32 (acc None: zeros), one GEMM per `rows` rows of a (its row count a multiple of
+    rows): every product has one shape, so a row's sum never follows the number of rows (batch invariance)."""
+    if acc is None:
+        acc = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
+    for i in range(0, a.shape[0], rows):
+        acc[i : i + rows] = _mm_f32(acc[i : i + rows], a[i : i + rows], b)
+    return acc
+
+
 def _slab_cols(n_tokens: int, vocab: int, elem_bytes: int) -> int:
     """Vocab columns per backward chunk: under BWD_SLAB_BYTES (or one BLOCK_V unit), a multiple of every BLOCK_V."""
     unit = max(c.kwargs["BLOCK_V"] for arch in (80, 90) for c in configs.shipped_configs("logprob_dz", arch))
@@ -175,8 +192,10 @@ def logprob_backward(
     n, d = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
+    invariant = params.batch_invariant
     if chunk_cols is None:
-        chunk_cols = _slab_cols(n, v, weight.element_size())
+        # batch invariance: the chunk width (the order of the d_hidden sum) of a fixed token count, not N's
+        chunk_cols = _slab_cols(_INVARIANT_TOKENS if invariant else n, v, weight.element_size())
     chunk_cols = min(chunk_cols, v)
     grad_logp = torch.zeros(n, dtype=torch.float32, device=dev) if grad_logp is None else grad_logp.float()
     if grad_entropy is not None:
@@ -187,8 +206,11 @@ def logprob_backward(
 
     sampled = theta is not None or row_scale is not None or params.softcap is not None
     name = configs.logprob_kernel("logprob_dz", sampled, hidden.dtype != weight.dtype)
-    fn, kwargs = configs.kernel_and_kwargs(name, logprob_dz_kernel, dev)
-    dz = configs.alloc((n, chunk_cols), weight.dtype, dev)
+    fn, kwargs = configs.kernel_and_kwargs(name, logprob_dz_kernel, dev, tune=not invariant)
+    rows = configs.INVARIANT_GEMM_ROWS
+    n_pad = triton.cdiv(n, rows) * rows if invariant else n
+    dz = configs.alloc((n_pad, chunk_cols), weight.dtype, dev)
+    dz[n:].zero_()  # the padding rows of the invariant d_hidden GEMMs (the kernel writes rows < N)
     d_weight = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if needs[1] else None
     d_bias = torch.empty(v, dtype=torch.float32, device=dev) if needs[2] else None
     d_hidden = None
@@ -210,19 +232,21 @@ def logprob_backward(
             bias.stride(0) if bias is not None else 0, targets.stride(0), dz.stride(0),
             HAS_SOFTCAP=params.softcap is not None, **dot_flags(hidden, weight), **kwargs,
         )  # fmt: skip
-        slab = dz[:, :cols]
+        slab = dz[:n, :cols]
         w_chunk = weight[v_lo : v_lo + cols]
         if d_weight is not None:
             torch.mm(slab.t(), h_gemm, out=d_weight[v_lo : v_lo + cols])
         if d_bias is not None:
             d_bias[v_lo : v_lo + cols] = slab.sum(0, dtype=torch.float32)
-        if needs[0]:
+        if needs[0] and invariant:
+            d_hidden = _blocked_mm_f32(d_hidden, dz[:, :cols], w_chunk, rows)
+        elif needs[0]:
             if cols == v:
                 d_hidden = slab @ w_chunk
             else:
                 d_hidden = _mm_f32(d_hidden, slab, w_chunk)
     if d_hidden is not None:
-        d_hidden = d_hidden.to(hidden.dtype)
+        d_hidden = d_hidden[:n].to(hidden.dtype)
     if d_bias is not None:
         d_bias = d_bias.to(bias.dtype)
     return d_hidden, d_weight, d_bias

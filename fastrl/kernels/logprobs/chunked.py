@@ -70,7 +70,8 @@ def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
     lse = torch.zeros(2, n, dtype=torch.float32, device=dev)
     entropy = torch.zeros(n, dtype=torch.float32, device=dev) if params.return_entropy else None
     n_live = n if live is None else live.numel()
-    rows = chunk_rows(v, n_live)
+    # batch invariance: the caller's block of a fixed row count is one tile (invariant.py)
+    rows = max(1, n_live) if params.batch_invariant else chunk_rows(v, n_live)
     if entropy is None and dev.type == "cpu" and hidden.dtype == weight.dtype == torch.float32:
         _vocab_major_forward(hidden, weight, targets, bias, params.temperature, live, rows, logp, lse)
         return logp, entropy, lse

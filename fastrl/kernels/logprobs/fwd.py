@@ -6,8 +6,9 @@ writing three partials per (split, token): running max m, Σ exp(z − m) and Σ
 The first split's programs also write the target logit, a row-wise dot with the gathered weight row.
 `merge_partials` combines the splits with O(N · splits) torch ops. There are at least
 `configs.FWD_MIN_SPLITS` splits (L2 reuse, see the kernel) and more when N is too small to fill the
-GPU. Entropy is kept relative to the running max, H = log S − T / S, so large logits do not make
-it the difference of two large numbers. Nothing of size N·V is ever stored.
+GPU (a fixed `configs.FWD_INVARIANT_SPLITS`, summed in order, when the call asks for batch invariance).
+Entropy is kept relative to the running max, H = log S − T / S, so large logits do not make it the
+difference of two large numbers. Nothing of size N·V is ever stored.
 """
 
 import torch
@@ -16,7 +17,7 @@ import triton.language as tl
 
 from .. import configs
 from .params import LogprobParams
-from .tile import OPTIONAL_INPUTS, capped_logit_tile, dot_flags, row_scale_of, softcap_tile
+from .tile import OPTIONAL_INPUTS, dot_flags, final_logit_tile, row_scale_of, softcap_tile
 
 __all__ = ["logprob_forward", "logprob_fwd_kernel", "logprob_partials", "merge_partials"]
 
@@ -129,14 +130,11 @@ def logprob_fwd_kernel(
     for i_t in range(t_lo, t_hi):
         o_v = i_t * BLOCK_V + tl.arange(0, BLOCK_V)
         m_v = o_v < V
-        b_z = capped_logit_tile(
-            hidden, weight, bias, softcap, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv, stride_wd,
-            stride_b, HAS_BIAS, HAS_SOFTCAP, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
+        b_z = final_logit_tile(
+            hidden, weight, bias, softcap, b_scale, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv,
+            stride_wd, stride_b, HAS_BIAS, HAS_SOFTCAP, HAS_ROW_SCALE, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION,
+            DOT_UPCAST,
         )  # fmt: skip
-        if HAS_ROW_SCALE:
-            b_z = b_z * b_scale[:, None]
-        else:
-            b_z = b_z * b_scale
         if HAS_THRESHOLD:
             # a dropped token is a masked column. Tiles before a row's first kept token leave max -1e30 and
             # count exp(0) = 1s; the first kept logit rescales them by exp(-1e30 − m) = 0 (the merge does the
@@ -168,20 +166,31 @@ def logprob_fwd_kernel(
         tl.store(target_z + o_n, b_zt, mask=m_n)
 
 
-def merge_partials(part_m, part_s, part_t, target_z, valid):
+def _split_sum(x, ordered: bool):
+    # Σ over the splits (dim 0); `ordered`: split by split, elementwise, so a row's order never follows N (a
+    # reduction kernel may pick its tree by the shape)
+    if not ordered:
+        return x.sum(0)
+    total = x[0].clone()
+    for part in x[1:]:
+        total += part
+    return total
+
+
+def merge_partials(part_m, part_s, part_t, target_z, valid, ordered: bool = False):
     """Combine `[splits, N]` partials and the `[N]` target logits into (logp, lse, entropy or None).
 
-    Ignored rows get 0.
+    Ignored rows get 0. `ordered`: sum the splits in a fixed order (batch invariance, docs/math.md §1.2).
     """
     b_m = part_m.amax(0)
     scale = torch.exp(part_m - b_m)
-    s = (scale * part_s).sum(0)
+    s = _split_sum(scale * part_s, ordered)
     lse = b_m + torch.log(s)
     zero = torch.zeros((), dtype=torch.float32, device=lse.device)
     logp = torch.where(valid, target_z - lse, zero)
     entropy = None
     if part_t is not None:
-        t = (scale * (part_t + (part_m - b_m) * part_s)).sum(0)
+        t = _split_sum(scale * (part_t + (part_m - b_m) * part_s), ordered)
         entropy = torch.where(valid, torch.log(s) - t / s, zero)
     return logp, lse, entropy
 
@@ -212,9 +221,12 @@ def logprob_partials(
     n, d = hidden.shape
     v = weight.shape[0]
     name = configs.logprob_kernel("logprob_fwd", False, hidden.dtype != weight.dtype)
-    fn, kwargs = configs.kernel_and_kwargs(name, logprob_fwd_kernel, hidden.device)
+    invariant = params.batch_invariant
+    fn, kwargs = configs.kernel_and_kwargs(name, logprob_fwd_kernel, hidden.device, tune=not invariant)
     cfg = configs.default_config(name, hidden.device).kwargs
-    if n_splits is None:
+    if n_splits is None and invariant:  # one split of the vocabulary for every N and every GPU
+        n_splits = max(1, min(configs.FWD_INVARIANT_SPLITS, triton.cdiv(v, cfg["BLOCK_V"])))
+    elif n_splits is None:
         n_splits = _choose_splits(n, v, cfg["BLOCK_N"], cfg["BLOCK_V"], hidden.device)
     part_m, part_s = (configs.alloc((n_splits, n), torch.float32, hidden.device) for _ in range(2))
     part_t = configs.alloc((n_splits, n), torch.float32, hidden.device) if params.return_entropy else None
@@ -241,5 +253,5 @@ def logprob_forward(hidden, weight, targets, bias, params: LogprobParams, **opti
     """
     part_m, part_s, part_t, target_z = logprob_partials(hidden, weight, targets, bias, params, **options)
     valid = targets != params.ignore_index
-    logp, lse, entropy = merge_partials(part_m, part_s, part_t, target_z, valid)
+    logp, lse, entropy = merge_partials(part_m, part_s, part_t, target_z, valid, ordered=params.batch_invariant)
     return logp, lse, entropy

@@ -15,3 +15,4 @@ class LogprobParams:
     ignore_index: int = -100  # targets equal to it give logp = H = 0 and no gradient
     return_entropy: bool = False  # also compute the softmax entropy (and carry its gradient)
     softcap: float | None = None  # final-logit soft-cap before the temperature: z = cap·tanh(x / cap) / τ; None = off
+    batch_invariant: bool = False  # a row's results never depend on the other rows of the call (docs/math.md §1.2)

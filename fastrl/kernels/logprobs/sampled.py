@@ -4,7 +4,8 @@ One forward pass over row chunks builds each `[C, V]` tile of final logits once,
 on it (sampling.py), and keeps only O(N) statistics: the row max, log Σ_S exp(z − max), the entropy, θ. The
 backward recomputes each tile from hidden, weight and those statistics (S = {z ≥ θ} again, with no search)
 and forms ∂h of the chunk whole, ∂W and ∂b accumulated in float32. With `impl="triton"` the same pass runs
-without gradient to find θ (one extra logit GEMM), and the Triton kernels take θ for the log-probs.
+without gradient to find θ (one extra logit GEMM, built by the forward kernel's own tile code: kernel_logits.py),
+and the Triton kernels take θ for the log-probs.
 """
 
 import dataclasses
@@ -16,10 +17,11 @@ from ..autograd import differentiable_once
 from ..logits import logit_tile, no_autocast
 from .chunked import add_target_hits, chunk_bytes, live_index, live_rows_backward, slab_grads
 from .function import token_logprobs_triton
+from .invariant import invariant_rows, run_blocks
 from .params import LogprobParams
 from .sampling import Truncation, Workspace, tile_threshold
 
-__all__ = ["SampledLogprobs", "sampled_forward", "token_logprobs_sampled"]
+__all__ = ["SampledLogprobs", "sampled_forward", "sampled_tile_rows", "token_logprobs_sampled"]
 
 
 class SampledLogprobs(NamedTuple):
@@ -30,17 +32,48 @@ class SampledLogprobs(NamedTuple):
     topk_logprobs: torch.Tensor | None  # [N, k] float32 (−inf for a token outside S)
 
 
+_TILE_BYTES = 24  # the forward holds about 24 bytes per tile element (logits, exp, scratch, int64 bin ids, masks)
+
+
 def _rows(n_live: int, vocab: int) -> int:
-    # the forward holds about 24 bytes per tile element (logits, exp, scratch, int64 bin ids, two masks)
-    return max(16, chunk_bytes(n_live, vocab) // (24 * max(vocab, 1)))
+    return max(16, chunk_bytes(n_live, vocab) // (_TILE_BYTES * max(vocab, 1)))
+
+
+def sampled_tile_rows(vocab: int) -> int:
+    """The rows of a batch-invariant block of this path (invariant.py): the chunk budget's tile, whatever N."""
+    return invariant_rows(vocab, _TILE_BYTES, 16)
 
 
 def _tau_rows(tau, idx):
     return tau[idx] if isinstance(tau, torch.Tensor) else tau
 
 
-def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None, params: LogprobParams, topk=None):
-    """`[N, D]`, `[V, D]`, `[N]` → (SampledLogprobs, stats `[4, N]`: row max, log Σ_S exp(z − max), H, θ)."""
+def _torch_tile(hidden, weight, bias, tau, params: LogprobParams):
+    # the final logits of rows `idx` into `out`, as the torch walks build them (logits.py)
+    def tile(idx, out):
+        return logit_tile(hidden[idx], weight, bias, softcap=params.softcap, tau=_tau_rows(tau, idx), out=out)
+
+    return tile
+
+
+def _kernel_tile(hidden, weight, bias, tau, params: LogprobParams):
+    # the final logits of rows `idx` into `out`, as the Triton forward builds them (kernel_logits.py)
+    from .kernel_logits import kernel_logits
+
+    row_scale = tau.float().reciprocal() if isinstance(tau, torch.Tensor) else None
+
+    def tile(idx, out):
+        scale = None if row_scale is None else row_scale[idx].contiguous()
+        return kernel_logits(hidden[idx].contiguous(), weight, bias, params, scale, out=out)
+
+    return tile
+
+
+def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None, params: LogprobParams, topk=None,
+                    kernel_logits=False):  # fmt: skip
+    """`[N, D]`, `[V, D]`, `[N]` → (SampledLogprobs, stats `[4, N]`: row max, log Σ_S exp(z − max), H, θ).
+
+    kernel_logits: build the tiles as the Triton forward does (its θ search), not as the torch walks do."""
     n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
     zeros = lambda *s, dt=torch.float32: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
     logp, stats, outside = zeros(n), zeros(4, n), zeros(n, dt=torch.bool)
@@ -50,13 +83,15 @@ def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None
     top_lp = zeros(n, topk) if topk else None
     live = live_index(targets, params.ignore_index)
     n_live = n if live is None else live.numel()
-    rows = _rows(n_live, v)
+    # batch invariance: the caller's block of a fixed row count is one tile (invariant.py)
+    rows = max(1, n_live) if params.batch_invariant else _rows(n_live, v)
     ws = Workspace(min(rows, n_live), v, dev)
+    build = (_kernel_tile if kernel_logits else _torch_tile)(hidden, weight, bias, tau, params)
     for start in range(0, n_live, rows):
         stop = min(n_live, start + rows)
         idx = slice(start, stop) if live is None else live[start:stop]
         c = stop - start
-        z = logit_tile(hidden[idx], weight, bias, softcap=params.softcap, tau=_tau_rows(tau, idx), out=ws.get("z", c))
+        z = build(idx, ws.get("z", c))
         zmax = z.amax(1)
         theta = None if trunc is None else tile_threshold(z, zmax, trunc.rows(idx), ws)
         zc = torch.sub(z, zmax.unsqueeze(1), out=ws.get("tmp", c))
@@ -159,6 +194,31 @@ class SampledLogprobFunction(torch.autograd.Function):
         return d_hidden, d_weight, d_bias, None, None, None, None, None
 
 
+def _kernel_search(hidden, weight, targets, bias, tau, trunc, params, topk):
+    """(SampledLogprobs, θ `[N]`) of the Triton path's θ search, on the forward kernel's own logits; in blocks of
+    a fixed row count when the call asks for batch invariance."""
+    search = dataclasses.replace(params, return_entropy=False)
+
+    def block(h, y, t, *rules):
+        rows = None if trunc is None else Truncation(*rules)
+        out, stats = sampled_forward(h, weight, y, bias, t, rows, search, topk, kernel_logits=True)
+        return out.outside, out.topk_ids, out.topk_logprobs, stats[3]
+
+    if not params.batch_invariant:
+        *out, theta = block(hidden, targets, tau, *(trunc or (None,) * 3))
+        return SampledLogprobs(None, None, *out), theta
+    live = torch.nonzero(targets != params.ignore_index).squeeze(-1)
+    if live.numel() == 0:
+        return SampledLogprobs(None, None, torch.zeros_like(targets, dtype=torch.bool), None, None), None
+    rules = tuple(zip(trunc or (None,) * 3, (0, 1.0, 0.0)))  # a padding row keeps every token
+    row_tau = (tau, 1.0) if isinstance(tau, torch.Tensor) else (None, None)
+    inputs = ((hidden, 0.0), (targets, 0), row_tau, *rules)
+    rows = sampled_tile_rows(weight.shape[0])
+    fn = block if isinstance(tau, torch.Tensor) else lambda h, y, _t, *r: block(h, y, tau, *r)
+    *out, theta = run_blocks(fn, live, targets.shape[0], rows, inputs, fills=(False, 0, 0.0, float("-inf")))
+    return SampledLogprobs(None, None, *out), theta
+
+
 def token_logprobs_sampled(hidden, weight, targets, bias, tau, trunc, params, impl, topk=None) -> SampledLogprobs:
     """`[N, D]` rows → SampledLogprobs of the truncated, soft-capped distribution (docs/math.md §8).
 
@@ -170,9 +230,8 @@ def token_logprobs_sampled(hidden, weight, targets, bias, tau, trunc, params, im
         theta = out = None
         if trunc is not None or topk:
             with torch.no_grad(), no_autocast(hidden):
-                search = dataclasses.replace(params, return_entropy=False)
-                out, stats = sampled_forward(hidden, weight, targets, bias, tau, trunc, search, topk)
-            theta = None if trunc is None else stats[3]
+                out, theta = _kernel_search(hidden, weight, targets, bias, tau, trunc, params, topk)
+            theta = None if trunc is None else theta
         row_scale = None
         if isinstance(tau, torch.Tensor):
             row_scale, params = tau.float().reciprocal(), dataclasses.replace(params, temperature=1.0)

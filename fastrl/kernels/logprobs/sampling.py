@@ -20,6 +20,7 @@ _BINS = 1024  # histogram bins per top-p pass
 _EXACT = 1024  # candidates ranked exactly (one topk) once the window holds at most this many
 _PASSES = 4  # 2^-40 of the window: what is still together after that is treated as tied
 _RANGE = 104.0  # exp(z − max) is 0 in float32 below max − 104: those tokens share the lowest bin
+_MIN_WIDTH = 1e-30  # the narrowest window a pass bins: _BINS / it stays a finite float32
 
 
 class Truncation(NamedTuple):
@@ -133,8 +134,11 @@ def _top_p_cut(z, zmax, cut, top_p, has_cut: bool, ws: Workspace):
     u, idx = ws.get("tmp", c), ws.get("idx", c, torch.int64)
     sel, mask = ws.get("sel", c, torch.bool), ws.get("mask", c, torch.bool)
     ones = torch.ones(1, 1, dtype=torch.float32, device=z.device).expand(c, z.shape[1])
+    active = count = None  # rows whose window still holds more than _EXACT tokens
     for _ in range(_PASSES):
-        scale = _BINS / (hi - lo).clamp_min(torch.finfo(torch.float32).tiny)
+        # a window of one value (every kept logit tied, e.g. top-k's cut at the max) keeps a finite scale: inf·0
+        # would be NaN
+        scale = _BINS / (hi - lo).clamp_min(_MIN_WIDTH)
         torch.sub(z, lo.unsqueeze(1), out=u).mul_(scale.unsqueeze(1)).floor_().clamp_(0, _BINS - 1)
         # a token of no mass (outside the window, below the cut, or exp underflow: never kept) goes to bin _BINS
         idx.copy_(u.masked_fill_(torch.le(e, 0.0, out=mask), _BINS))
@@ -142,11 +146,20 @@ def _top_p_cut(z, zmax, cut, top_p, has_cut: bool, ws: Workspace):
         mass, counts = hist[0].scatter_add_(1, idx, e)[:, :_BINS], hist[1].scatter_add_(1, idx, ones)[:, :_BINS]
         incl = mass.flip(1).cumsum(1).add_(above.unsqueeze(1))  # mass of the window's bins from the top down
         j = (incl < target.unsqueeze(1)).sum(1).clamp_(max=_BINS - 1)  # the bin where the mass crosses target
-        above = torch.where(j > 0, incl.gather(1, (j - 1).clamp(min=0).unsqueeze(1)).squeeze(1), above)
         b = _BINS - 1 - j
-        count = counts.gather(1, b.unsqueeze(1)).squeeze(1).long()
-        torch.eq(idx, b.unsqueeze(1), out=sel)
-        if int(count.max()) <= _EXACT:
+        found = counts.gather(1, b.unsqueeze(1)).squeeze(1).long()
+        if active is None:
+            above = torch.where(j > 0, incl.gather(1, (j - 1).clamp(min=0).unsqueeze(1)).squeeze(1), above)
+            count = found
+            torch.eq(idx, b.unsqueeze(1), out=sel)
+        else:
+            # a row settled in an earlier pass keeps its window: its θ never follows how many passes the other
+            # rows of the tile need (batch invariance, docs/math.md §1.2)
+            above = torch.where(active & (j > 0), incl.gather(1, (j - 1).clamp(min=0).unsqueeze(1)).squeeze(1), above)
+            count = torch.where(active, found, count)
+            sel.copy_(torch.where(active.unsqueeze(1), idx == b.unsqueeze(1), sel))
+        active = count > _EXACT
+        if not bool(active.any()):
             break
         e.masked_fill_(torch.logical_not(sel, out=mask), 0.0)
         lo, hi = lo + b / scale, lo + (b + 1) / scale

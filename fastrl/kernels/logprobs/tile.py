@@ -17,6 +17,7 @@ __all__ = [
     "dot_flags",
     "dot_precision",
     "dot_upcast",
+    "final_logit_tile",
     "logit_tile",
     "row_scale_of",
     "softcap_tile",
@@ -121,4 +122,21 @@ def capped_logit_tile(hidden, weight, bias, softcap, o_n, m_n, o_v, m_v, D, stri
         b_z += b_b[None, :]
     if HAS_SOFTCAP:
         b_z = softcap_tile(b_z, softcap)
+    return b_z
+
+
+@triton.jit
+def final_logit_tile(hidden, weight, bias, softcap, b_scale, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv,
+                     stride_wd, stride_b, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                     HAS_ROW_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+                     BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):  # fmt: skip
+    # [BN, BV]: the final logits softcap(h·W + b)·scale, b_scale [BN] (HAS_ROW_SCALE) or one scalar
+    b_z = capped_logit_tile(
+        hidden, weight, bias, softcap, o_n, m_n, o_v, m_v, D, stride_hn, stride_hd, stride_wv, stride_wd,
+        stride_b, HAS_BIAS, HAS_SOFTCAP, BLOCK_N, BLOCK_V, BLOCK_D, DOT_PRECISION, DOT_UPCAST,
+    )  # fmt: skip
+    if HAS_ROW_SCALE:
+        b_z = b_z * b_scale[:, None]
+    else:
+        b_z = b_z * b_scale
     return b_z

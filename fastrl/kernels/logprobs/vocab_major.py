@@ -4,8 +4,8 @@ On the CPU (MKL), `W·hᵀ` into a `[V, C]` buffer, then `(eᵀ)ᵀ·W` and `e�
 fastest at a few hundred rows; the row-major `h·Wᵀ` runs ~15% slower there. Each row is shifted by its target
 logit, not its max: e = exp(z − z_y) holds e_y = 1 exactly, so s = Σ e ≥ 1 and log p_y = −log s keeps full
 precision near p_y = 1, as the max shift does, without a pass for the max. A row whose s passes 2¹⁰⁰ (a target
-with p_y below ~e⁻⁶⁹, or a banned one) is redone with the max shift. Used by chunked.py's forward and the
-gradient-in-forward loss (fused_loss/lean.py).
+with p_y below ~e⁻⁶⁹, or a banned one) is redone with the max shift, from a second GEMM of the whole tile. Used
+by chunked.py's forward and the gradient-in-forward loss (fused_loss/lean.py).
 """
 
 import torch
@@ -41,9 +41,10 @@ def shifted_exp_t(e, h, weight, bias, tau, targets):
     s = e.sum(0)
     over = torch.nonzero(~(s <= S_MAX)).squeeze(-1)  # NaN (a −inf or +inf target logit) lands here too
     if over.numel():
-        tau_r = tau.index_select(0, over) if isinstance(tau, torch.Tensor) else tau
-        z = torch.empty(e.shape[0], over.numel(), dtype=e.dtype, device=e.device)
-        z = logit_tile(h.index_select(0, over), weight, bias, tau=tau_r, out=z, vocab_major=True)
+        # the whole tile again, then its `over` columns: a GEMM of the tile's own shape gives a row the bits it
+        # gets however many rows overflow beside it (batch invariance, docs/math.md §1.2)
+        z = logit_tile(h, weight, bias, tau=tau, out=tile_t(*e.shape, e.device), vocab_major=True)
+        z = z.index_select(1, over)
         z_max = z.amax(0)
         z_y[over] = z.gather(0, targets[over].unsqueeze(0)).squeeze(0)
         shift[over] = z_max
