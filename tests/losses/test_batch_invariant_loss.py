@@ -57,7 +57,7 @@ def _check(impl, entropy_coef, sampler, others, monkeypatch, chunk_rows=None):
 CASES = [
     pytest.param("torch", 0.0, False, 4096, id="torch-fused-lean"),
     pytest.param("torch", 0.01, False, 4096, id="torch-fused-entropy"),
-    pytest.param("torch", 0.01, True, 4096, id="torch-theta"),
+    pytest.param("torch", 0.01, True, 4096, id="torch-theta", marks=pytest.mark.slow),  # ~10 s
     pytest.param("triton", 0.01, True, 64, id="triton-theta"),
 ]
 
@@ -81,6 +81,7 @@ def _fused_d_hidden(case, rows):
     return d_hidden[rows.index(PROBE)]
 
 
+@pytest.mark.slow  # ~10 s: outside the edit loop, run in CI
 def test_triton_fused_pass_d_hidden_does_not_depend_on_the_batch(monkeypatch):
     monkeypatch.setenv("FASTRL_CHUNK_BYTES", str(4 * 300 * 32))  # 32-token chunks (interpreter time)
     case = _case(2, 32, vocab=300)
@@ -90,6 +91,7 @@ def test_triton_fused_pass_d_hidden_does_not_depend_on_the_batch(monkeypatch):
         assert torch.equal(_fused_d_hidden(case, rows), alone)
 
 
+@pytest.mark.slow  # ~10 s: outside the edit loop, run in CI
 def test_planted_unpadded_fused_chunks_fail(monkeypatch):
     # the gradient-in-forward chunks without their padding: the last chunk's GEMMs take its token count again (the
     # probe alone ends with a 1-token chunk)

@@ -72,7 +72,7 @@ def _check_invariance(impl, sampler, monkeypatch, others, d, autotune=True):
 
 CASES = [
     pytest.param("torch", False, 4096, 32, id="torch-plain"),
-    pytest.param("torch", True, 4096, 32, id="torch-theta"),
+    pytest.param("torch", True, 4096, 32, id="torch-theta", marks=pytest.mark.slow),  # ~6 s
     pytest.param("triton", False, 130, 32, id="triton-plain"),
     pytest.param("triton", True, 130, 32, id="triton-theta"),
 ]
@@ -90,6 +90,7 @@ def test_planted_torch_chunks_that_follow_n_fail(monkeypatch):
         _check_invariance("torch", False, monkeypatch, 4096, 32)
 
 
+@pytest.mark.slow  # ~5-10 s of interpreted kernels: outside the edit loop, run in CI
 def test_planted_triton_splits_that_follow_the_sm_count_fail(monkeypatch, rowwise_dot):
     # the forward's vocab split chosen by N and the SM count again, as without batch_invariant
     partials = fwd.logprob_partials
@@ -121,6 +122,7 @@ def _kernel_topk_logp(hidden, weight, targets, k):
     return z.gather(1, targets.unsqueeze(1)).squeeze(1) - top.logsumexp(1)
 
 
+@pytest.mark.slow  # ~5-10 s of interpreted kernels: outside the edit loop, run in CI
 def test_triton_theta_comes_from_the_kernels_logits():
     # bf16 inputs: torch's logits, rounded to bf16, tie at the top-k cutoff where the kernel's float32 ones do not.
     # A θ from those would keep the whole tie in the kernel's set; θ from the kernel's logits keeps exactly k.
@@ -136,6 +138,7 @@ def test_triton_theta_comes_from_the_kernels_logits():
     torch.testing.assert_close(logp.double(), _kernel_topk_logp(hidden, weight, targets, k), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow  # ~5-10 s of interpreted kernels: outside the edit loop, run in CI
 def test_planted_theta_from_torch_logits_fails(monkeypatch):
     monkeypatch.setattr(sampled, "_kernel_tile", sampled._torch_tile)
     with pytest.raises(AssertionError):
