@@ -7,7 +7,8 @@ command it ran. The check covers every collected test path (tests/ and bench/).
 
 The edit loop also leaves out the Triton interpreter's repeats: of a test function's cases whose `impl` is
 "triton", the first runs in the edit loop and the others carry `slow` (each interprets the kernels in Python, a
-few seconds a case). CI runs every test, marked or not.
+few seconds a case). A module that sets `EDIT_LOOP_CASES = n` keeps only the first n cases of each of its
+parametrized tests in the edit loop (for matrices of whole trainer steps). CI runs every test, marked or not.
 """
 
 import contextlib
@@ -80,12 +81,15 @@ _STARTS = pytest.StashKey[list]()
 
 
 def pytest_collection_modifyitems(items):
-    seen = set()
+    triton, cases = set(), {}
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if params.get("impl") != "triton" or item.get_closest_marker("slow") is not None:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or item.get_closest_marker("slow") is not None:
             continue
         key = (item.path, item.originalname)
-        if key in seen:
+        keep = getattr(item.module, "EDIT_LOOP_CASES", None)
+        cases[key] = cases.get(key, 0) + 1
+        if (keep is not None and cases[key] > keep) or (callspec.params.get("impl") == "triton" and key in triton):
             item.add_marker(pytest.mark.slow)
-        seen.add(key)
+        if callspec.params.get("impl") == "triton":
+            triton.add(key)

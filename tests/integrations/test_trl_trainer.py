@@ -16,6 +16,8 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from fastrl.integrations.trl import FIELDS, FastRLGRPOTrainer, use_fastrl  # noqa: E402
 
+EDIT_LOOP_CASES = 3  # the edit loop (-m "not slow") runs the first 3 cases of each matrix; CI runs all
+
 FP32_TOL = 1e-5
 
 

@@ -54,7 +54,10 @@ def _probe_outputs(h, w, targets, sets, rows, impl, at):
     return out.logp[at], out.entropy[at]
 
 
-@pytest.mark.parametrize("impl, others", [("torch", 4096), ("triton", 127)])
+@pytest.mark.parametrize(
+    "impl, others",
+    [("torch", 4096), pytest.param("triton", 127, marks=pytest.mark.slow)],  # ~10 s interpreted
+)
 def test_a_rows_outputs_do_not_depend_on_the_batch(impl, others, monkeypatch):
     h, w, targets, sets = _batch(others + 1)
     rest = [r for r in range(others + 1) if r != PROBE]
