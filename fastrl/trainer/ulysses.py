@@ -1,11 +1,8 @@
 """Ulysses attention (DeepSpeed-Ulysses, arXiv 2309.14509): sequence blocks in, whole sequences per head group.
 
 Each rank of a sequence group of N holds the queries, keys and values of its block of every row, for all
-heads. All-to-alls turn that into the whole row for 1/N of the heads (the sequence split becomes a
-head split); attention runs there, one document at a time; the reverse exchange turns the output back. The
-exchanges run one head of every head group at a time, each received into its place in the result, so
-besides its input and output an exchange holds one head's buffers, not a copy of every head (nor does its
-backward, the same exchanges reversed).
+heads. One all-to-all turns that into the whole row for 1/N of the heads (the sequence split becomes a
+head split); attention runs there, one document at a time; a second all-to-all turns the output back.
 Key/value heads are replicated up to N when there are fewer (GQA): rank r's query heads all read the same
 key/value head, so N must be a multiple of the key/value heads, or divide them.
 
@@ -32,66 +29,25 @@ ATTENTION = "fastrl_ulysses"
 _active: list[SequenceParallel] = []  # the group of the `ulysses` context this process is in
 
 
-def _all_to_all(dst: torch.Tensor, src: torch.Tensor, group) -> None:
-    """`dst[j]` = what rank j holds in its `src[this rank]`, both `[N, ...]`; straight into `dst` when it is
-    contiguous (a batch of one row), else through a buffer of its size."""
-    src = src.contiguous()
-    if dst.is_contiguous():
-        dist.all_to_all_single(dst, src, group=group)
-        return
-    buf = torch.empty_like(src)
-    dist.all_to_all_single(buf, src, group=group)
-    dst.copy_(buf)
+def _exchange(x: torch.Tensor, group) -> torch.Tensor:
+    """`[B, N, ...]`: block j of dim 1 goes to rank j, and what rank j sent lands in block j (an involution)."""
+    send = x.movedim(1, 0).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.movedim(0, 1)
 
 
-def _blocks_to_heads(x: torch.Tensor, n: int, group) -> torch.Tensor:
-    """`[B, H, S, d]` of this rank's block → `[B, H / N, N·S, d]`, whole rows of this rank's heads.
-
-    One head of every head group at a time, written into the output as it arrives: the only transients are
-    that head's send (and receive, for more than one row) buffers, not a copy of every head."""
-    batch, heads, block, d = x.shape
-    y = x.new_empty(batch, heads // n, n * block, d)
-    groups = x.unflatten(1, (n, heads // n))  # [B, N(head group), H / N, S, d]
-    for c in range(heads // n):
-        _all_to_all(y[:, c].unflatten(1, (n, block)).movedim(1, 0), groups[:, :, c].movedim(1, 0), group)
-    return y
-
-
-def _heads_to_blocks(y: torch.Tensor, n: int, group) -> torch.Tensor:
-    """The inverse of `_blocks_to_heads`: `[B, H / N, N·S, d]` → `[B, H, S, d]`."""
-    batch, local, length, d = y.shape
-    x = y.new_empty(batch, n * local, length // n, d)
-    groups = x.unflatten(1, (n, local))
-    for c in range(local):
-        _all_to_all(groups[:, :, c].movedim(1, 0), y[:, c].unflatten(1, (n, length // n)).movedim(1, 0), group)
-    return x
-
-
-class _ToHeads(torch.autograd.Function):
-    """Sequence blocks → head groups for each tensor; the exchange is a permutation, so its adjoint is the
-    inverse exchange."""
+class _AllToAll(torch.autograd.Function):
+    """The exchange is a permutation that is its own inverse, so its adjoint is itself."""
 
     @staticmethod
-    def forward(ctx, n, group, *xs):
-        ctx.n, ctx.group = n, group
-        return tuple(_blocks_to_heads(x, n, group) for x in xs)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return None, None, *(None if g is None else _heads_to_blocks(g, ctx.n, ctx.group) for g in grads)
-
-
-class _ToBlocks(torch.autograd.Function):
-    """Head groups → sequence blocks (the attention output), the adjoint of `_ToHeads`."""
-
-    @staticmethod
-    def forward(ctx, n, group, y):
-        ctx.n, ctx.group = n, group
-        return _heads_to_blocks(y, n, group)
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _exchange(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return None, None, _blocks_to_heads(grad, ctx.n, ctx.group)
+        return _exchange(grad, ctx.group), None
 
 
 def check_heads(num_heads: int, num_kv_heads: int, n: int) -> None:
@@ -104,9 +60,11 @@ def check_heads(num_heads: int, num_kv_heads: int, n: int) -> None:
         )
 
 
-def _replicate_heads(x: torch.Tensor, n: int) -> torch.Tensor:
-    """`[B, H, S, d]` with its key/value heads repeated up to N when there are fewer."""
-    return x.repeat_interleave(n // x.shape[1], dim=1) if x.shape[1] < n else x
+def _heads_to_ranks(x: torch.Tensor, n: int) -> torch.Tensor:
+    """`[B, H, S, d]` → `[B, N, H / N, S, d]`, key/value heads repeated up to N first."""
+    if x.shape[1] < n:
+        x = x.repeat_interleave(n // x.shape[1], dim=1)
+    return x.unflatten(1, (n, x.shape[1] // n))
 
 
 def _documents(position_ids: torch.Tensor, sp: SequenceParallel, batch: int) -> list[list[tuple[int, int]]]:
@@ -134,9 +92,13 @@ def ulysses_attention(module, query, key, value, attention_mask, scaling=None, d
     position_ids = kwargs.get("position_ids")
     if position_ids is None or query.shape[2] != key.shape[2]:
         raise ValueError("sequence-parallel attention needs the position ids of whole rows and no KV cache")
-    n, (batch, heads) = sp.size, query.shape[:2]
+    n, (batch, heads, block, _) = sp.size, query.shape
     check_heads(heads, key.shape[1], n)
-    q, k, v = _ToHeads.apply(n, sp.group, *(_replicate_heads(t, n) for t in (query, key, value)))
+    qkv = torch.cat([_heads_to_ranks(t, n) for t in (query, key, value)], dim=2)
+    qkv = _AllToAll.apply(qkv, sp.group)  # [B, N(block), H' + 2·Hkv', S, d]
+    qkv = qkv.movedim(1, 2).flatten(2, 3)  # [B, H' + 2·Hkv', T, d]: whole rows of this rank's heads
+    kv = max(1, key.shape[1] // n)
+    q, k, v = qkv.split([heads // n, kv, kv], dim=1)
     drop = dropout if module.training else 0.0
     rows = []
     for b, docs in enumerate(_documents(position_ids, sp, batch)):
@@ -154,7 +116,9 @@ def ulysses_attention(module, query, key, value, attention_mask, scaling=None, d
         ]
         rows.append(torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0])
     out = torch.cat(rows, dim=0) if batch > 1 else rows[0]  # [B, H', T, d]
-    return _ToBlocks.apply(n, sp.group, out).transpose(1, 2), None  # [B, S, H, d]
+    out = out.unflatten(2, (n, block)).movedim(2, 1)  # [B, N(block), H', S, d]
+    out = _AllToAll.apply(out, sp.group)  # [B, N(head group), H', S, d]
+    return out.flatten(1, 2).transpose(1, 2), None
 
 
 def _register() -> None:
