@@ -63,20 +63,41 @@ def all_reduce_max(value: float, group=None) -> float:
     return float(t)
 
 
+BUCKET_BYTES = 32 << 20  # gradients all-reduced together in one flat buffer, up to this size
+
+
 def all_reduce_grads(params: list[torch.Tensor]) -> None:
-    """Sum gradients over ranks, in one flat buffer. A rank without a gradient for a parameter sends zeros."""
+    """Sum gradients over ranks, in place. Consecutive small gradients of one dtype go in flat buffers of up to
+    `BUCKET_BYTES` (fewer collectives); a larger one is reduced by itself, so no copy of every gradient at once
+    is made. A rank without a gradient for a parameter sends zeros."""
     if not is_distributed():
         return
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for p in params:
+        nbytes = p.grad.numel() * p.grad.element_size()
+        if bucket and (size + nbytes > BUCKET_BYTES or p.grad.dtype != bucket[0].dtype):
+            _all_reduce_bucket(bucket)
+            bucket, size = [], 0
+        bucket.append(p.grad)
+        size += nbytes
+    if bucket:
+        _all_reduce_bucket(bucket)
+
+
+def _all_reduce_bucket(grads: list[torch.Tensor]) -> None:
+    if len(grads) == 1 and grads[0].is_contiguous():
+        dist.all_reduce(grads[0])
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
     offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-        offset += n
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def shard(items: list, n_ranks: int | None = None, r: int | None = None) -> list:

@@ -23,6 +23,8 @@ def one_step(samples, agg):
 
 
 def _worker(rank, world, out_dir):
+    # small buckets: the embedding's 8 KiB gradient is all-reduced in place, the norms' together in one buffer
+    dist_utils.BUCKET_BYTES = 4096
     for agg in AGGS:
         params, loss = one_step(dist_utils.shard(uneven_batch()), agg)
         torch.save({"params": params, "loss": loss}, os.path.join(out_dir, f"{agg}-rank{rank}.pt"))
