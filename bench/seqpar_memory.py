@@ -23,8 +23,10 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 PROMPT = 256
@@ -98,19 +100,27 @@ def child(opts) -> None:
     row = dict(world=world, rank=dist_utils.rank(), before_mib=before / 1024, peak_mib=peak / 1024,
                step_mib=(peak - before) / 1024, step_s=seconds, loss=out["loss"], grad_norm=out["grad_norm"],
                threads=torch.get_num_threads())  # fmt: skip
-    print("RESULT " + json.dumps(row), flush=True)
+    with open(os.path.join(opts.result_dir, f"rank{row['rank']}.json"), "w") as f:  # one file a rank: lines
+        json.dump(row, f)  # printed by two ranks can interleave
     dist_utils.cleanup()
 
 
 def _run(opts, world: int) -> list[dict]:
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(opts).items() if k not in ("child", "ranks")] + ["--child"]
+    result_dir = tempfile.mkdtemp(prefix="seqpar-memory-")
+    skip = ("child", "ranks", "result_dir")
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(opts).items() if k not in skip]
+    args += ["--child", f"--result-dir={result_dir}"]
     if world == 1:
         cmd = [sys.executable, "-m", "bench.seqpar_memory", *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--standalone",
                "-m", "bench.seqpar_memory", *args]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
-    rows = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    rows = []
+    for name in sorted(os.listdir(result_dir)):
+        with open(os.path.join(result_dir, name)) as f:
+            rows.append(json.load(f))
+    shutil.rmtree(result_dir, ignore_errors=True)
     if proc.returncode or len(rows) != world:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return sorted(rows, key=lambda r: r["rank"])
@@ -127,7 +137,11 @@ def main() -> None:
     p.add_argument("--ranks", type=int, choices=(1, 2), nargs="+", default=[1, 2], help="the configurations to run")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per configuration")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result-dir", help=argparse.SUPPRESS)
     opts = p.parse_args()
+    for name in ("tokens", "warmup_tokens"):
+        if getattr(opts, name) <= PROMPT:
+            p.error(f"--{name.replace('_', '-')}={getattr(opts, name)} leaves no completion after the {PROMPT}-token prompt")
     if opts.child:
         return child(opts)
     from bench.runenv import git_sha, load_average
