@@ -141,7 +141,8 @@ def main() -> None:
     opts = p.parse_args()
     for name in ("tokens", "warmup_tokens"):
         if getattr(opts, name) <= PROMPT:
-            p.error(f"--{name.replace('_', '-')}={getattr(opts, name)} leaves no completion after the {PROMPT}-token prompt")
+            flag = f"--{name.replace('_', '-')}={getattr(opts, name)}"
+            p.error(f"{flag} leaves no completion after the {PROMPT}-token prompt")
     if opts.child:
         return child(opts)
     from bench.runenv import git_sha, load_average
