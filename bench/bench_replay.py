@@ -19,7 +19,7 @@ import statistics
 import torch
 
 from bench.bench_token_logprobs import IGNORE_INDEX, TokenLogprobsOp
-from bench.harness import cpu_peak_in_subprocess, relative_error, time_closure
+from bench.harness import cpu_peak_in_subprocess, extra_memory_fields, relative_error, time_closure
 from bench.providers import Provider, always
 from bench.runenv import git_sha, load_average
 from fastrl import token_logprobs
@@ -137,10 +137,7 @@ def main() -> None:
         if not args.no_memory:
             mem = cpu_peak_in_subprocess(dict(op="replay", provider=name, shape=shape, dtype="fp32", mode="fwd+bwd",
                                               seed=0))  # fmt: skip
-            if "peak_bytes" in mem:
-                row["extra_mib"] = (mem["peak_bytes"] - mem["grad_bytes"]) / 2**20
-            else:
-                row["memory_error"] = mem.get("error")
+            row.update(extra_memory_fields(mem))
         results["rows"].append(row)
         print(json.dumps(row), flush=True)
     by = {r["provider"]: r for r in results["rows"] if r.get("status") == "ok"}

@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from bench.bench_token_logprobs import TokenLogprobsOp
-from bench.harness import cpu_peak_in_subprocess, relative_error, time_closure
+from bench.harness import cpu_peak_in_subprocess, extra_memory_fields, relative_error, time_closure
 from bench.providers import Provider, always
 from bench.runenv import git_sha, load_average
 from fastrl import token_logprobs
@@ -88,10 +88,7 @@ def main() -> None:
         mem = cpu_peak_in_subprocess(dict(op="sampled", provider=name, shape=shape, dtype="fp32", mode="fwd+bwd",
                                           seed=0))  # fmt: skip
         row.update(status="ok", median_ms=statistics.median(ms), samples_ms=ms, load_after=load_average())
-        if "peak_bytes" in mem:
-            row["extra_mib"] = (mem["peak_bytes"] - mem["grad_bytes"]) / 2**20
-        else:
-            row["memory_error"] = mem.get("error")
+        row.update(extra_memory_fields(mem))
         results["rows"].append(row)
         print(json.dumps(row), flush=True)
     by = {r["provider"]: r for r in results["rows"] if r.get("status") == "ok"}

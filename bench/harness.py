@@ -154,6 +154,14 @@ def rss_peak_bytes(fn) -> int:
     return max(0, peak - base) * 1024
 
 
+def extra_memory_fields(report: dict) -> dict:
+    """A bench row's memory fields from a `cpu_peak_in_subprocess` report: `extra_mib` (the peak less the
+    gradients returned) or `memory_error`."""
+    if "peak_bytes" in report:
+        return {"extra_mib": (report["peak_bytes"] - report["grad_bytes"]) / 2**20}
+    return {"memory_error": report.get("error")}
+
+
 def cpu_peak_in_subprocess(spec: dict, timeout_s: float = 900) -> dict:
     """Run one configuration in a fresh interpreter (`python -m bench._memchild`) and return its report.
 
