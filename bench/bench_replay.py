@@ -116,6 +116,10 @@ def main() -> None:
     shape = dict(N=args.N, D=args.D, V=args.V)
     ks = [int(k) for k in args.ks.split(",")]
     kinds = args.providers.split(",")
+    if bad := [k for k in ks if k not in KS]:  # the providers (and the memory child's) exist for KS only
+        ap.error(f"--ks {bad} not among the registered set sizes {list(KS)}")
+    if bad := [kind for kind in kinds if kind not in ("plain", "theta", "replay")]:
+        ap.error(f"--providers {bad}: each must be plain, theta or replay")
     names = (["plain"] if "plain" in kinds else []) + [
         f"{kind}-{'top_k' if kind == 'theta' else 'k'}{k}" for k in ks for kind in ("theta", "replay") if kind in kinds
     ]
