@@ -18,6 +18,7 @@ import sys
 import torch
 
 from bench.harness import rss_peak_bytes
+from bench.runenv import memory_child_env
 
 MODES = ("lora", "full")
 
@@ -77,7 +78,7 @@ def main() -> None:
     if opts.child:
         print(json.dumps(child(opts.child, opts.vocab, opts.hidden, opts.tokens)))
         return
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
+    env = memory_child_env()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     for mode in MODES:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from bench.runenv import environment, load_average  # noqa: F401  (the run's environment, re-exported)
+from bench.runenv import environment, load_average, memory_child_env  # noqa: F401  (the run's environment, re-exported)
 
 MODES = ("fwd", "bwd", "fwd+bwd")
 # Relative L2 error allowed against the eager reference, per input dtype. fp32 paths differ from eager
@@ -169,7 +169,7 @@ def cpu_peak_in_subprocess(spec: dict, timeout_s: float = 900) -> dict:
     with a fixed mmap threshold: every block of 128 KiB or more is mapped on allocation and unmapped on
     free, and RSS follows what is live.
     """
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
+    env = memory_child_env()
     env.pop("TRITON_INTERPRET", None)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")

@@ -315,7 +315,9 @@ def run_provider(name: str, opts, grads_out: str) -> dict:
                         f"{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available")  # fmt: skip
     cmd = [sys.executable, "-m", "bench.long_cot_step", "--child", name, "--grads-out", grads_out]
     cmd += [f"--{k.replace('_', '-')}={getattr(opts, k)}" for k in _SHAPE_FLAGS]
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
+    from bench.runenv import memory_child_env
+
+    env = memory_child_env()
     load = os.getloadavg()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     hit: list = []

@@ -8,7 +8,17 @@ import time
 
 import torch
 
-__all__ = ["device_name", "environment", "git_sha", "load_average"]
+__all__ = ["device_name", "environment", "git_sha", "load_average", "memory_child_env"]
+
+
+def memory_child_env() -> dict:
+    """The environment of a child process whose RSS is measured.
+
+    glibc keeps freed heap pages resident and reuses them without touching new pages, so RSS overstates
+    what is live by whatever the last phase freed. With a fixed mmap threshold every block of 128 KiB or
+    more is mapped on allocation and unmapped on free, and RSS follows the live memory.
+    """
+    return dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
 
 
 def git_sha() -> str:

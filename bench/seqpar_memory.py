@@ -16,7 +16,9 @@ Each process takes a warm-up step at `--warmup-tokens` (the optimizer state, thr
 up there), then one measured step. Reported per rank: the resident memory just before the measured step, its
 peak during the step (`VmHWM` after `/proc/self/clear_refs`), their difference (the step's activations,
 gradients and transients) and the step time; the loss and gradient norm, which must agree between the two
-configurations (else FAIL and no figures).
+configurations (else FAIL and no figures). Every process runs glibc's allocator with the bench's fixed mmap
+threshold (`bench.runenv.memory_child_env`), so that the RSS follows the live memory rather than the heap pages an
+earlier phase freed; `--default-allocator` runs it unpinned.
 """
 
 import argparse
@@ -80,7 +82,7 @@ def child(opts) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist_utils.init_from_env("cpu")
     model = _model(opts)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     sp = init_sequence_parallel(world) if world > 1 else None  # the group splits the one sequence
 
     def step(tokens):
@@ -106,8 +108,10 @@ def child(opts) -> None:
 
 
 def _run(opts, world: int) -> list[dict]:
+    from bench.runenv import memory_child_env
+
     result_dir = tempfile.mkdtemp(prefix="seqpar-memory-")
-    skip = ("child", "ranks", "result_dir")
+    skip = ("child", "ranks", "result_dir", "live_rss")
     args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(opts).items() if k not in skip]
     args += ["--child", f"--result-dir={result_dir}"]
     if world == 1:
@@ -115,7 +119,8 @@ def _run(opts, world: int) -> list[dict]:
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--standalone",
                "-m", "bench.seqpar_memory", *args]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
+    env = memory_child_env() if opts.live_rss else None
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout, env=env)
     rows = []
     for name in sorted(os.listdir(result_dir)):
         with open(os.path.join(result_dir, name)) as f:
@@ -136,6 +141,12 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--ranks", type=int, choices=(1, 2), nargs="+", default=[1, 2], help="the configurations to run")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per configuration")
+    p.add_argument(
+        "--default-allocator",
+        dest="live_rss",
+        action="store_false",
+        help="run glibc's allocator unpinned (freed heap pages stay resident and count in the RSS)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result-dir", help=argparse.SUPPRESS)
     opts = p.parse_args()
@@ -147,8 +158,9 @@ def main() -> None:
         return child(opts)
     from bench.runenv import git_sha, load_average
 
+    allocator = "glibc's default" if not opts.live_rss else "mmap threshold 128 KiB (RSS follows live memory)"
     print(f"git {git_sha()}, load {load_average()}, {os.cpu_count()} cores; {opts.tokens} tokens, D={opts.hidden}, "
-          f"{opts.layers} layers, V={opts.vocab}")  # fmt: skip
+          f"{opts.layers} layers, V={opts.vocab}; allocator: {allocator}")  # fmt: skip
     runs = {world: _run(opts, world) for world in sorted(set(opts.ranks))}
     if len(runs) == 2:
         ref = runs[1][0]
