@@ -124,7 +124,7 @@ def fastrl_step(opts):
     import torch
 
     from fastrl.trainer.batching import Sample
-    from fastrl.trainer.build import build_model
+    from fastrl.trainer.build import build_model, make_adamw
     from fastrl.trainer.config import make_config
     from fastrl.trainer.update import sequence_logprobs, supports_packing, train_step
 
@@ -135,9 +135,7 @@ def fastrl_step(opts):
     )  # fmt: skip
     model, tokenizer = build_model(config, torch.device("cpu"))
     packed = config.packing == "on" or (config.packing == "auto" and supports_packing(model))
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, config.adam_beta2)
-    )
+    optimizer = make_adamw(model.parameters(), config.lr, config.weight_decay, (0.9, config.adam_beta2))
 
     def samples(length):
         prompt, completions, advantages = batch(opts, length)
@@ -212,8 +210,10 @@ def trl_step(opts, fastrl: bool, workdir: str):
 def eager_step(opts):
     import torch
 
+    from fastrl.trainer.build import make_adamw
+
     model = _load(opts)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    optimizer = make_adamw(model.parameters(), LR)  # the trainer's (and TRL's default) fused AdamW
     params = [p for p in model.parameters() if p.requires_grad]
 
     def logprobs(length):

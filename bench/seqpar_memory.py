@@ -75,6 +75,7 @@ def child(opts) -> None:
 
     from fastrl.losses import LossConfig
     from fastrl.trainer import distributed as dist_utils
+    from fastrl.trainer.build import make_adamw
     from fastrl.trainer.sequence_parallel import init_sequence_parallel
     from fastrl.trainer.update import StepSettings, train_step
 
@@ -82,7 +83,7 @@ def child(opts) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist_utils.init_from_env("cpu")
     model = _model(opts)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    optimizer = make_adamw(model.parameters(), lr=1e-6)  # the trainer's
     sp = init_sequence_parallel(world) if world > 1 else None  # the group splits the one sequence
 
     def step(tokens):

@@ -26,6 +26,20 @@ from .ulysses import check_heads
 from .update import StepSettings, supports_packing
 from .validate import ConfigError
 
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
+
+
+def make_adamw(params, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.999)) -> torch.optim.AdamW:
+    """The run's AdamW: torch's fused kernel when every parameter lives where it has one (CPU, CUDA).
+
+    The fused form updates each parameter in one pass; the per-parameter loop holds two temporaries of the
+    largest parameter's size (2 × V × D for the embedding), and the multi-tensor form one of the whole model.
+    HF's Trainer defaults to the same fused kernel (`adamw_torch_fused`).
+    """
+    params = list(params)
+    fused = bool(params) and all(p.device.type in FUSED_ADAMW_DEVICES and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused or None)
+
 
 @dataclass
 class Run:
@@ -153,9 +167,7 @@ def start_run(config: TrainConfig) -> Run:
         param_dtype = torch.bfloat16 if config.bf16 and device.type == "cuda" else None
         model = shard_model(model, param_dtype=param_dtype)
         ref_model = None if ref_model is None else shard_model(ref_model, param_dtype=param_dtype)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, config.adam_beta2)
-    )
+    optimizer = make_adamw(model.parameters(), config.lr, config.weight_decay, (0.9, config.adam_beta2))
     settings = StepSettings.from_config(config, packed, tokenizer.pad_token_id, sp if sp.size > 1 else None)
     run = Run(model, tokenizer, ref_model, optimizer, make_scheduler(optimizer, config),
               PromptStream(problems, config.seed), packed, rank, own_group, settings, sp)  # fmt: skip
