@@ -10,8 +10,10 @@ and, per optimizer step:
   4. takes the optimizer step, pushes the weights as the new version, logs the step's staleness, the dropped
      groups, the queue depth, each side's busy / idle time and the prompt ids it trained on.
 
-Several ranks: rank 0 draws the groups and sends each rank its share (`broadcast_object_list`); every rank
-trains on its own share, as with the synchronous loop's `shard`.
+Several ranks: rank 0 draws the groups and sends them to every rank (`broadcast_object_list`); each rank
+keeps its contiguous share, as the synchronous loop's `shard` cuts a batch, and trains on it; the
+gradients are summed over the ranks as in the synchronous loop. Rank 0 alone talks to the rollout process and
+pushes the weights. The step's record lists the prompt ids each rank trained on (`rank_prompt_ids`).
 """
 
 import time
@@ -79,6 +81,17 @@ def timeline(metrics: dict, step_s: float) -> dict:
         "trainer_busy_frac": 1.0 - trainer_idle,
         "trainer_idle_frac": trainer_idle,
     }
+
+
+def dealt_prompt_ids(mine: list[RolloutGroup]) -> list[list[int]] | None:
+    """Every rank's prompt ids of the step, in rank order (each rank gets the list); None on one process."""
+    if not dist_utils.is_distributed():
+        return None
+    import torch.distributed as dist
+
+    shares = [None] * dist_utils.world_size()
+    dist.all_gather_object(shares, [g.prompt_id for g in mine])
+    return shares
 
 
 def share_groups(groups: list[RolloutGroup] | None) -> list[RolloutGroup]:

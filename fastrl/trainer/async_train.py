@@ -10,7 +10,7 @@ it trained on) -> a checkpoint that holds the prompt ledger. A resumed run re-qu
 import tempfile
 import time
 
-from .async_loop import AsyncFeed, share_groups, timeline
+from .async_loop import AsyncFeed, dealt_prompt_ids, share_groups, timeline
 from .prompt_ledger import PromptLedger
 from .rollout import Completion, build_prompt
 from .rollout.engine import end_token_ids
@@ -85,6 +85,7 @@ def train_async(run, config, reward, logger, report) -> dict:
             t0 = time.time()
             groups, stats = feed.next_batch(run.step) if lead else (None, {})
             mine = share_groups(groups)
+            shares = dealt_prompt_ids(mine)
             problems = [run.stream.problem_at(g.prompt_id) for g in mine]
             comps = completions_of(mine)
             if K == 0 and config.loss.is_cap is None:  # the synchronous loop's samples exactly
@@ -106,6 +107,8 @@ def train_async(run, config, reward, logger, report) -> dict:
             if stats:
                 record.update(timeline(stats, step_s))
             record["trained_prompt_ids"] = trained
+            if shares is not None:
+                record["rank_prompt_ids"] = shares
             record["elapsed_s"] = run.elapsed_before + time.time() - t_run
             logger.log(record)
             report(record)

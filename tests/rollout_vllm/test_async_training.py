@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from vllm_reference import ENGINE
+from vllm_reference import ENGINE, alive
 
 from fastrl.trainer import trainer as loop
 from fastrl.trainer.config import make_config
@@ -26,18 +26,41 @@ def rows_of(out) -> list[dict]:
 
 
 def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path):
+    """K = 0 in one process and on 2 gloo ranks (rank 0 owns the rollout process and deals the groups) against
+    the synchronous one-process run: the same samples, metrics and prompts."""
     common = dict(ENGINE, max_steps=3, prompts_per_step=4, group_size=4, warmup_sft_steps=60, save_steps=0,
                   progress=False)  # fmt: skip
-    loop.train(make_config("tiny", output_dir=str(tmp_path / "sync"), **common))
-    gc.collect()  # the in-process engine goes before the rollout process starts
-    loop.train(make_config("tiny", output_dir=str(tmp_path / "async"), async_staleness=0, **common))
-    sync, asyn = rows_of(tmp_path / "sync"), rows_of(tmp_path / "async")
-    assert len(sync) == len(asyn) == 3
-    for a, b in zip(sync, asyn):
+    two_ranks = _start_two_ranks(tmp_path / "async-2", "--async-staleness", "0", "--max-steps", "3")
+    try:
+        loop.train(make_config("tiny", output_dir=str(tmp_path / "sync"), **common))
+        gc.collect()  # the in-process engine goes before the rollout process starts
+        loop.train(make_config("tiny", output_dir=str(tmp_path / "async"), async_staleness=0, **common))
+        log = two_ranks.communicate(timeout=900)[0]
+    finally:
+        two_ranks.kill()
+    assert two_ranks.returncode == 0, log[-3000:]
+    sync, asyn, asyn2 = rows_of(tmp_path / "sync"), rows_of(tmp_path / "async"), rows_of(tmp_path / "async-2")
+    assert len(sync) == len(asyn) == len(asyn2) == 3
+    for a, b, c in zip(sync, asyn, asyn2):
         for key in sorted(set(a) - TIMING):
             assert abs(a[key] - b[key]) <= 1e-6, (a["step"], key, a[key], b[key])
-        assert b["staleness_max"] == 0 and b["async_dropped_groups"] == 0
-    assert [r["trained_prompt_ids"] for r in asyn] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+            assert abs(a[key] - c[key]) <= 1e-6, ("2 ranks", a["step"], key, a[key], c[key])
+        assert b["staleness_max"] == c["staleness_max"] == 0 and b["async_dropped_groups"] == 0
+        assert "rank_prompt_ids" not in b
+    steps = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert [r["trained_prompt_ids"] for r in asyn] == [r["trained_prompt_ids"] for r in asyn2] == steps
+    # each rank trained on its own contiguous half of the step's prompts, none on another's
+    assert [r["rank_prompt_ids"] for r in asyn2] == [[s[:2], s[2:]] for s in steps]
+
+
+def _start_two_ranks(out, *flags):
+    """`fastrl train` on 2 gloo ranks under torchrun, the tiny preset on the vLLM engine."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
+           "fastrl.trainer", "train", "--preset", "tiny", "--engine", "vllm", "--vllm-enforce-eager",
+           "--vllm-kv-cache-gib", "0.25", "--output-dir", str(out), "--prompts-per-step", "4", "--group-size", "4",
+           "--warmup-sft-steps", "60", "--save-steps", "0", "--no-progress", *flags]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def test_async_run_learns_with_bounded_staleness_and_partial_rollouts(tmp_path):
@@ -78,19 +101,38 @@ def _worker_of(pid: int) -> int | None:
     return None
 
 
-def test_killed_rollout_process_is_reported_and_resume_trains_each_prompt_once(tmp_path):
-    out = tmp_path / "run"
-    trainer = _run(out, "--rollout-timeout-s", "300")
+def _wait_rows(trainer, out, n: int) -> None:
     deadline = time.monotonic() + 900
-    while not (os.path.exists(out / "metrics.jsonl") and len(rows_of(out)) >= 3):  # past the step-2 checkpoint
+    while not (os.path.exists(out / "metrics.jsonl") and len(rows_of(out)) >= n):
         assert trainer.poll() is None and time.monotonic() < deadline, trainer.stdout.read()
         time.sleep(0.5)
+
+
+def test_killed_rollout_process_is_reported_and_resume_trains_each_prompt_once(tmp_path):
+    """The rollout process SIGKILLed mid-step (reported, the run stops), a resume, the whole run SIGKILLed mid-step
+    (its rollout process dies with it), a second resume: every prompt trained on exactly once."""
+    out = tmp_path / "run"
+    trainer = _run(out, "--rollout-timeout-s", "300")
+    _wait_rows(trainer, out, 3)  # past the step-2 checkpoint
     worker = _worker_of(trainer.pid)
     os.kill(worker, signal.SIGKILL)  # mid-step: the rollout process dies
     t = time.monotonic()
     log = trainer.communicate(timeout=120)[0]
     assert trainer.returncode != 0 and "rollout worker" in log and "exited with code -9" in log, log[-3000:]
     print(f"killed rollout process reported after {time.monotonic() - t:.1f} s")
+    resumed = _run(out, "--resume")
+    try:
+        _wait_rows(resumed, out, 5)  # past the step-4 checkpoint
+        worker = _worker_of(resumed.pid)
+        assert worker is not None
+        resumed.kill()  # the whole run, mid-step
+        resumed.wait(30)
+    finally:
+        resumed.kill()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and alive(worker):
+        time.sleep(0.1)
+    assert not alive(worker), f"rollout worker {worker} outlived its SIGKILLed trainer"
     resumed = _run(out, "--resume")
     log = resumed.communicate(timeout=900)[0]
     assert resumed.returncode == 0, log[-3000:]

@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from vllm_reference import TOL, hf_logprobs, tiny_config, tiny_pair
+from vllm_reference import TOL, alive, hf_logprobs, tiny_config, tiny_pair
 
 from fastrl.trainer.rollout.async_client import AsyncRollout, RolloutWorkerError
 from fastrl.trainer.rollout.async_worker import WorkerSpec, request_seed
@@ -141,7 +141,7 @@ def test_worker_tokens_equal_an_in_process_engine_with_the_same_seeds(served):
     from vllm import LLM, SamplingParams
 
     config, _, tokenizer, rollout, _, path = served
-    assert not rollout.process.is_alive()  # never two engines at once
+    assert not rollout.process.isalive()  # never two engines at once
     spec = spec_of(config, path, tokenizer)
     llm = LLM(model=path, dtype="float32", max_model_len=spec.max_model_len, seed=spec.seed, enforce_eager=True,
               logprobs_mode="processed_logprobs", kv_cache_memory_bytes=spec.kv_cache_bytes)  # fmt: skip
@@ -198,19 +198,11 @@ def test_worker_dies_with_a_killed_trainer(served, tmp_path):
         trainer.kill()
         trainer.wait(10)
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and _alive(child):
+        while time.monotonic() < deadline and alive(child):
             time.sleep(0.1)
-        assert not _alive(child), f"rollout worker {child} outlived its SIGKILLed trainer"
+        assert not alive(child), f"rollout worker {child} outlived its SIGKILLed trainer"
     finally:
         trainer.kill()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
 
 
 def test_gpu_weight_transfer_is_vllms_nccl_engine():

@@ -50,3 +50,12 @@ def max_gap(model, completions, **sampling) -> float:
         )
     finally:
         model.train(was_training)
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
