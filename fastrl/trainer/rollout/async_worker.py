@@ -278,9 +278,25 @@ _RPCS = {
 }
 
 
+def pin_cpus(cores: str) -> None:
+    """`FASTRL_ROLLOUT_CPUS` (a bench setting, e.g. "1" or "2,3"): run this process on those cores with one torch
+    thread per core, set before the engine starts its threads; "" leaves both as inherited."""
+    if not cores:
+        return
+    try:
+        ids = {int(c) for c in cores.split(",")}
+    except ValueError:
+        raise ValueError(f"FASTRL_ROLLOUT_CPUS={cores!r}: expected comma-separated core ids ('1', '2,3')") from None
+    import torch
+
+    os.sched_setaffinity(0, ids)
+    torch.set_num_threads(len(ids))
+
+
 def worker_main(spec: WorkerSpec, ctrl, out, beat, parent_pid: int) -> None:
     """The rollout process's entry point (a spawn target): arm the parent-death signal, build, serve."""
     die_with_parent(parent_pid)
+    pin_cpus(os.environ.get("FASTRL_ROLLOUT_CPUS", ""))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: one child
     beat.value = time.monotonic()
     out.put(("started", os.getpid()))
