@@ -289,9 +289,10 @@ def calibrate(engine_steps: list[tuple[float, int, int]], calls: list[dict], ste
     """`Costs` from a synchronous run's probe.
 
     engine_steps: (seconds, requests decoding, prompt tokens prefilled) of each engine step;
-    calls: per rollout call {"generate_s", "engine_s", "requests"}; steps: per optimizer step {"rollout_s",
-    "generate_s", "update_s", "completion_tokens", "push_s"}. Negative fitted slopes are clamped to 0 (then the
-    fixed part is refitted), so a cost never falls with more work.
+    calls: per rollout call {"generate_s", "engine_s", "requests"}; steps: per optimizer step {"update_s",
+    "completion_tokens", "push_s", "other_s"} (other_s: the trainer's time besides generate, update and push).
+    A negative fitted coefficient is not kept: the engine's slopes are clamped to 0 (the fixed part refitted), the
+    update falls back to its mean, so a cost never falls with more work.
     """
     ys = [s for s, _, _ in engine_steps]
     a, c, p = fit([(1.0, d, f) for _, d, f in engine_steps], ys)
@@ -299,10 +300,82 @@ def calibrate(engine_steps: list[tuple[float, int, int]], calls: list[dict], ste
         c, p = max(c, 0.0), max(p, 0.0)
         a = sum(y - c * d - p * f for y, d, f in engine_steps) / len(ys)
     u0, u1 = fit([(1.0, s["completion_tokens"]) for s in steps], [s["update_s"] for s in steps])
-    if u1 < 0:
+    if u0 < 0 or u1 < 0:
         u0, u1 = sum(s["update_s"] for s in steps) / len(steps), 0.0
     request_s = sum(x["generate_s"] - x["engine_s"] for x in calls) / sum(x["requests"] for x in calls)
     mean = lambda xs: math.fsum(xs) / len(xs)  # noqa: E731
     return Costs(step_s=a, decode_s=c, prefill_s=p, request_s=max(request_s, 0.0),
-                 score_s=mean([s["rollout_s"] - s["generate_s"] for s in steps]), update_s=u0, update_token_s=u1,
+                 score_s=mean([s["other_s"] for s in steps]), update_s=u0, update_token_s=u1,
                  push_s=mean([s["push_s"] for s in steps]), **limits)  # fmt: skip
+
+
+# verl's Qwen2.5-Math-7B DAPO run (docs/advance/fully_async.md, "Asynchronous Training on 7B Model"): 128 H20,
+# max response 28K, 512 prompts x 16 per step; colocated synchronous step 356.30 s = generation 177.85 +
+# old_log_prob 53.92 + update_actor 113.81 (+ 10.72 other); its fully async run on 64:64 GPUs (staleness 0.5,
+# partial rollouts): 150.63 s per step, update_actor 113.16 s.
+VERL_7B = {"cap": 28 * 1024, "prompts": 512, "group": 16, "gen_s": 177.85, "old_logprob_s": 53.92,
+           "update_s": 113.81, "step_s": 356.30, "async_update_s": 113.16, "async_step_s": 150.63}  # fmt: skip
+
+
+def gpu_projection(mean_tokens: float, steps: int = 12, block: int = 256, scale: int = 16, push_s: float = 1.0,
+                   tail_every: int = 16, seed: int = 0) -> dict:  # fmt: skip
+    """A PROJECTION of verl's 7B setup under fastrl's three modes (step seconds; not a measurement).
+
+    Assumptions: decode is memory-bound, so an engine step costs the same whatever the batch up to the
+    engine's concurrency (every completion of a step fits at once on 128 GPUs, half of them on 64); the
+    synchronous step's generation is the longest completion's (the cap's) engine steps, which sets that cost;
+    completion lengths: exponential with mean `mean_tokens`, capped, plus 1 in `tail_every` prompts at the cap;
+    the asynchronous trainer (64 GPUs) takes verl's measured asynchronous update_actor, needs no old_log_prob
+    (the behaviour log-probs are vLLM's) and a `push_s` weight push; the engine (64 GPUs) runs at the
+    synchronous step cost with half the concurrency. Time runs in blocks of `block` decode steps, and prompts
+    and concurrency are both divided by `scale` (the same per-step times, `scale`x fewer requests to simulate).
+    """
+    v = VERL_7B
+    cap = v["cap"] // block
+    rng = random.Random(seed)
+    lengths = tuple(min(cap, max(1, round(rng.expovariate(block / mean_tokens)))) for _ in range(4096))
+    P, G = v["prompts"] // scale, v["group"]
+    work = Workload(P, G, prompt_len=1, cap=cap, lengths=lengths, tail_every=tail_every, seed=seed)
+    other = v["step_s"] - v["gen_s"] - v["old_logprob_s"] - v["update_s"]
+    step = v["gen_s"] / cap  # one block of decode steps, any batch up to the engine's concurrency
+    sync = Costs(
+        step_s=step,
+        decode_s=0.0,
+        prefill_s=0.0,
+        request_s=0.0,
+        score_s=other + v["old_logprob_s"],
+        update_s=v["update_s"],
+        update_token_s=0.0,
+        push_s=0.0,
+        max_seqs=P * G,
+        max_batched_tokens=10**9,
+    )
+    split = Costs(**{**sync.__dict__, "score_s": other, "update_s": v["async_update_s"], "push_s": push_s,
+                     "max_seqs": P * G // 2})  # fmt: skip
+    out = {}
+    for name, costs, K, chunk in (("sync, 128 GPUs colocated", sync, None, 0), ("async K=1, 64:64", split, 1, 0),
+                                  ("async K=1 + partial rollouts, 64:64", split, 1, -(-cap // 2))):  # fmt: skip
+        w = simulate(costs, work, steps, K, chunk).window()
+        out[name] = {**w, "step_s": w["wall_s"] / (steps - 1)}
+    return out
+
+
+def main() -> None:
+    print("GPU PROJECTION (not a measurement) of verl's Qwen2.5-Math-7B DAPO setup, 28K max response, 128 H20")
+    print("| mean completion tokens | mode | projected s / step | speed-up vs sync | generation idle | trainer idle "
+          "| dropped groups |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for mean in (2000, 4000, 8000):
+        rows = gpu_projection(mean)
+        base = next(iter(rows.values()))["step_s"]
+        for name, r in rows.items():
+            print(f"| {mean} | {name} | {r['step_s']:.1f} | {base / r['step_s']:.2f}x | {r['generation_idle']:.2f} | "
+                  f"{r['trainer_idle']:.2f} | {r['dropped']} |")  # fmt: skip
+    print(
+        f"verl measured: sync {VERL_7B['step_s']} s, fully async (64:64, staleness 0.5, partial) "
+        f"{VERL_7B['async_step_s']} s per step ({VERL_7B['step_s'] / VERL_7B['async_step_s']:.2f}x)"
+    )
+
+
+if __name__ == "__main__":
+    main()

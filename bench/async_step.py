@@ -103,6 +103,27 @@ def install_probe(rec: dict, limits) -> None:
     VLLMEngine.generate, VLLMEngine.sync_weights = probed_generate, probed_sync
 
 
+def install_timers(rec: dict) -> None:
+    """Time each optimizer step and each weight push into `rec` (both modes; the asynchronous push is `WeightPush`)."""
+    from fastrl.trainer import async_train, trainer
+    from fastrl.trainer.rollout.weight_push import WeightPush
+
+    rec.update(update_s=[], async_push_s=[])
+
+    def timed(fn, key):
+        def run(*a, **k):
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            rec[key].append(time.perf_counter() - t)
+            return out
+
+        return run
+
+    trainer.optimizer_step = timed(trainer.optimizer_step, "update_s")
+    async_train.optimizer_step = timed(async_train.optimizer_step, "update_s")
+    WeightPush.push = timed(WeightPush.push, "async_push_s")
+
+
 def child(args) -> None:
     """One mode's run, pinned; its metrics (and the synchronous run's probe) written to `args.json`."""
     import torch
@@ -116,6 +137,7 @@ def child(args) -> None:
     limits = lengths_of(args.cap, args.tail_every, args.seed)
     install_length_mix(limits)
     flags, probe = {}, {}
+    install_timers(probe)
     if args.child == "sync":
         install_probe(probe, limits)
     else:
@@ -145,7 +167,10 @@ def measured(run: dict) -> dict:
     else:
         gen_busy = sum(r["generation_busy_s"] for r in rows[1:])
         trainer_wait = sum(r["trainer_wait_s"] for r in rows[1:])
+    pushes = probe["push_s"][1:-1] if run["mode"] == "sync" else probe["async_push_s"][1:]
     return {"wall_s": wall, "generation_idle": 1 - gen_busy / wall, "trainer_idle": trainer_wait / wall,
+            "update_ms_per_token": 1e3 * sum(probe["update_s"][1:]) / sum(r["train_tokens"] for r in rows[1:]),
+            "push_s_mean": sum(pushes) / max(len(pushes), 1),
             "dropped": rows[-1].get("async_dropped_groups_total", 0.0),
             "staleness_mean": sum(r.get("staleness_mean", 0.0) for r in rows) / len(rows),
             "reward": [round(r["reward_correct_mean"], 3) for r in rows]}  # fmt: skip
@@ -156,9 +181,14 @@ def model_inputs(sync: dict, args):
     rows, probe = sync["rows"], sync["probe"]
     P, G = sync["prompts_per_step"], sync["group_size"]
     calls = probe["calls"][1:]
-    steps = [{"rollout_s": r["rollout_s"], "generate_s": c["generate_s"], "update_s": r["step_s"] - r["rollout_s"],
-              "completion_tokens": c["tokens"], "push_s": p}
-             for r, c, p in zip(rows[1:], calls, probe["push_s"][1:])]  # fmt: skip
+    # per step 2..N: its generate call, its optimizer step, the weight sync before it (after step i - 1), and the
+    # rest of the trainer's time between the two records (scoring, advantages, logging): "other_s"
+    steps = []
+    for i in range(1, len(rows)):
+        c, u, p = probe["calls"][i], probe["update_s"][i], probe["push_s"][i]
+        gap = rows[i]["elapsed_s"] - rows[i - 1]["elapsed_s"]
+        steps.append({"generate_s": c["generate_s"], "update_s": u, "completion_tokens": c["tokens"], "push_s": p,
+                      "other_s": gap - c["generate_s"] - u - p})  # fmt: skip
     engine_steps = probe["engine_steps"][calls[0]["first_engine_step"] :]
     costs = calibrate(engine_steps, calls, steps, **probe["limits"])
     lengths = tuple(n for ls in probe["lengths"] for n in ls) or (args.cap,)
@@ -172,11 +202,13 @@ MODES = {"sync": (None, 0), "async-1": (1, 0), "async-chunk": (1, None)}
 
 def report(runs: dict, args) -> dict:
     meas = {m: measured(r) for m, r in runs.items()}
-    print(f"| mode | steps 2-{args.steps} wall s | generation idle | trainer idle | dropped groups | staleness mean |")
-    print("|---|---|---|---|---|---|")
+    print(f"| mode | steps 2-{args.steps} wall s | generation idle | trainer idle | dropped groups | staleness mean "
+          "| update ms / token | push s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for m, x in meas.items():
         print(f"| {m} | {x['wall_s']:.1f} | {x['generation_idle']:.2f} | {x['trainer_idle']:.2f} | "
-              f"{x['dropped']:.0f} | {x['staleness_mean']:.2f} |")  # fmt: skip
+              f"{x['dropped']:.0f} | {x['staleness_mean']:.2f} | {x['update_ms_per_token']:.3f} | "
+              f"{x['push_s_mean']:.3f} |")  # fmt: skip
     for m, x in meas.items():
         print(f"{m} reward_correct_mean per step: {x['reward']}")
     out = {"measured": meas}

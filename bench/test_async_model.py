@@ -45,3 +45,12 @@ def test_chunks_keep_staleness_bounded_by_the_admission_rule():
 def test_fit_recovers_a_linear_law():
     rows = [(1.0, d, f) for d in (1, 5, 9, 30) for f in (0, 40, 300)]
     assert fit(rows, [0.2 + 0.03 * d + 0.001 * f for _, d, f in rows]) == pytest.approx([0.2, 0.03, 0.001])
+
+
+def test_push_waits_for_the_running_engine_step():
+    # one 3-token completion per step, engine steps of 1 s, updates of 0.5 s: the second push falls at 4.0 s,
+    # inside the engine step 3.5-4.5 that samples the next prompt, and is applied when that step ends
+    costs = Costs(step_s=1.0, decode_s=0.0, prefill_s=0.0, request_s=0.0, score_s=0.0, update_s=0.5,
+                  update_token_s=0.0, push_s=0.0)  # fmt: skip
+    work = Workload(prompts_per_step=1, group_size=1, prompt_len=1, cap=3, lengths=(3,), tail_every=0)
+    assert simulate(costs, work, 2, staleness=1).marks == [3.5, 4.5]
