@@ -32,7 +32,7 @@ import torch
 
 from ..fsdp import full_state_items, is_sharded
 from ..validate import ConfigError
-from .async_worker import request_seed
+from .async_worker import request_seed, whole_prefills
 from .base import SamplingEngine, resolve_replay
 from .engine import Completion
 from .thinking import Request, Sampled, sample_with_budget
@@ -114,7 +114,7 @@ class VLLMEngine(SamplingEngine):
         # a prompt of max_prompt_length and a completion of max_completion_length (inserted tokens included)
         max_model_len = config.max_prompt_length + config.max_completion_length
         dtype = vllm_dtype(config, model)
-        extra = {}
+        extra = whole_prefills(max_model_len)  # seeded requests on vLLM's CPU build
         kv_bytes = kv_cache_bytes(config, model, dtype, max_model_len)
         if kv_bytes is not None:
             extra["kv_cache_memory_bytes"] = kv_bytes
