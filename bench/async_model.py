@@ -291,8 +291,8 @@ def calibrate(engine_steps: list[tuple[float, int, int]], calls: list[dict], ste
     engine_steps: (seconds, requests decoding, prompt tokens prefilled) of each engine step;
     calls: per rollout call {"generate_s", "engine_s", "requests"}; steps: per optimizer step {"update_s",
     "completion_tokens", "push_s", "other_s"} (other_s: the trainer's time besides generate, update and push).
-    A negative fitted coefficient is not kept: the engine's slopes are clamped to 0 (the fixed part refitted), the
-    update falls back to its mean, so a cost never falls with more work.
+    A negative fitted coefficient is not kept: the engine's slopes are clamped to 0 (the fixed part refitted); the
+    update falls back to its mean (a negative slope) or to a line through the origin (a negative fixed part).
     """
     ys = [s for s, _, _ in engine_steps]
     a, c, p = fit([(1.0, d, f) for _, d, f in engine_steps], ys)
@@ -300,8 +300,11 @@ def calibrate(engine_steps: list[tuple[float, int, int]], calls: list[dict], ste
         c, p = max(c, 0.0), max(p, 0.0)
         a = sum(y - c * d - p * f for y, d, f in engine_steps) / len(ys)
     u0, u1 = fit([(1.0, s["completion_tokens"]) for s in steps], [s["update_s"] for s in steps])
-    if u0 < 0 or u1 < 0:
+    if u1 < 0:  # no growth with tokens seen: the mean
         u0, u1 = sum(s["update_s"] for s in steps) / len(steps), 0.0
+    elif u0 < 0:  # superlinear in tokens: proportional to them (through the origin)
+        tokens = [s["completion_tokens"] for s in steps]
+        u0, u1 = 0.0, sum(s["update_s"] * n for s, n in zip(steps, tokens)) / sum(n * n for n in tokens)
     request_s = sum(x["generate_s"] - x["engine_s"] for x in calls) / sum(x["requests"] for x in calls)
     mean = lambda xs: math.fsum(xs) / len(xs)  # noqa: E731
     return Costs(step_s=a, decode_s=c, prefill_s=p, request_s=max(request_s, 0.0),
