@@ -220,8 +220,9 @@ def report(runs: dict, args) -> dict:
         f"workload: P={work.prompts_per_step} G={work.group_size} prompt_len={work.prompt_len} cap={work.cap} "
         f"natural length mean {sum(work.lengths) / len(work.lengths):.1f}, 1 in {work.tail_every} at the cap"
     )
-    print("| mode | measured wall s | predicted wall s | error | verdict | predicted idle (generation, trainer) |")
-    print("|---|---|---|---|---|---|")
+    print("| mode | measured wall s | predicted wall s | error | verdict | idle (generation, trainer): measured "
+          "/ predicted | dropped groups: measured / predicted | staleness mean: measured / predicted |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     out.update(costs=costs.__dict__, predicted={})
     for m, x in meas.items():
         K, chunk = MODES[m]
@@ -229,7 +230,9 @@ def report(runs: dict, args) -> dict:
         err = (pred["wall_s"] - x["wall_s"]) / x["wall_s"]
         verdict = "calibration" if m == "sync" else ("PASS" if abs(err) <= TOLERANCE else "FAIL")
         print(f"| {m} | {x['wall_s']:.1f} | {pred['wall_s']:.1f} | {err:+.1%} | {verdict} | "
-              f"{pred['generation_idle']:.2f}, {pred['trainer_idle']:.2f} |")  # fmt: skip
+              f"{x['generation_idle']:.2f}, {x['trainer_idle']:.2f} / {pred['generation_idle']:.2f}, "
+              f"{pred['trainer_idle']:.2f} | {x['dropped']:.0f} / {pred['dropped']} | "
+              f"{x['staleness_mean']:.2f} / {pred['staleness_mean']:.2f} |")  # fmt: skip
         out["predicted"][m] = {**pred, "error": err, "verdict": verdict}
     return out
 
