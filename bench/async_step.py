@@ -2,7 +2,7 @@
 
 Runs in the vLLM venv (`.ci/vllm.sh` builds it):
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=$PWD ~/.cache/fastrl/venv-vllm-*/bin/python -m bench.async_step [--steps 16]
+    HF_HUB_OFFLINE=1 PYTHONPATH=$PWD ~/.cache/fastrl/venv-vllm-*/bin/python -m bench.async_step [--steps 20]
 
 Three runs of the tiny preset, the same number of steps each, each in a process of its own: the in-process
 engine (synchronous), `--async-staleness 1`, and `--async-staleness 1 --rollout-chunk-tokens N`. The length mix
@@ -239,10 +239,10 @@ def report(runs: dict, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--cap", type=int, default=64, help="max_completion_length; the forced tail's length")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--cap", type=int, default=96, help="max_completion_length; the forced tail's length")
     ap.add_argument("--tail-every", type=int, default=8, help="1 in this many prompts forced to the cap")
-    ap.add_argument("--chunk-tokens", type=int, default=32)
+    ap.add_argument("--chunk-tokens", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cores", type=int, nargs=2, default=(0, 1))
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
@@ -256,7 +256,10 @@ def main() -> None:
         return child(args)
     if args.from_json:
         with open(args.from_json) as f:
-            runs = json.load(f)["runs"]
+            saved = json.load(f)
+        runs = saved["runs"]
+        for key in ("steps", "cap", "tail_every", "chunk_tokens", "seed"):  # the settings the runs were made with
+            setattr(args, key, saved["args"][key])
     else:
         runs = {}
         with tempfile.TemporaryDirectory(prefix="fastrl-async-bench-") as tmp:
