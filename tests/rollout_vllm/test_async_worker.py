@@ -126,6 +126,17 @@ def test_parked_pieces_resume_when_the_trainer_waits(served):
     assert group.spans == [(VersionSpan(2, 0, 6),)] * 2 and group.meta["pieces"] == [3, 3]
 
 
+def test_a_step_over_the_token_budget_prefills_each_prompt_whole(served):
+    """12 seeded requests of a 400-token prompt: 4,800 prompt tokens, over the CPU engine's 4,096 a step. A split
+    prefill would make vLLM rewind the request's generator, which CPU generators cannot ("CPU Generator does not
+    use offset"): the worker runs with chunked prefill off (`whole_prefills`)."""
+    _, _, tokenizer, rollout, _, _ = served
+    prompt = (prompts_of(tokenizer)[0] * 100)[:400]
+    rollout.submit(10, prompt, 12, SEED, max_tokens=2, min_tokens=2)
+    group = rollout.next_group()
+    assert group.prompt_id == 10 and [len(ids) for ids in group.completion_ids] == [2] * 12
+
+
 def test_killed_worker_is_reported_within_the_timeout(served):
     _, _, tokenizer, rollout, _, _ = served
     rollout.submit(9, prompts_of(tokenizer)[0], 64, SEED, max_tokens=12, min_tokens=12, chunk_tokens=1)

@@ -33,3 +33,22 @@ def test_accepted_settings_and_the_help_text(capsys):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--async-staleness" in text and "not HF" in text and "--rollout-chunk-tokens" in text
+
+
+def test_rollout_cpus_setting_pins_the_process_or_names_the_bad_value():
+    import os
+
+    import torch
+
+    from fastrl.trainer.rollout.async_worker import pin_cpus
+
+    with pytest.raises(ValueError, match="FASTRL_ROLLOUT_CPUS='0;1'"):
+        pin_cpus("0;1")
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        pin_cpus(str(min(cores)))
+        assert os.sched_getaffinity(0) == {min(cores)} and torch.get_num_threads() == 1
+    finally:
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(threads)

@@ -60,6 +60,21 @@ def request_seed(seed: int, prompt_id: int, sample: int, piece: int = 0) -> int:
     return (x * 131 + piece) % (2**63 - 1)
 
 
+def whole_prefills(max_model_len: int) -> dict:
+    """`LLM(...)` keywords that keep every prompt's prefill in one engine step on vLLM's CPU build (none elsewhere).
+
+    After a partial (chunked) prefill vLLM's V1 runner rewinds a seeded request's generator with `set_offset`,
+    which CPU generators lack ("RuntimeError: CPU Generator does not use offset"): with seeded requests, a step
+    whose prompts exceed the token budget (long prompts; partial rollouts' resubmitted pieces) would crash.
+    vLLM makes the same change on CPU for MLA models.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 4096)}
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """Everything the rollout process needs to build its engine (picklable)."""
@@ -113,7 +128,7 @@ class RolloutWorker:
 
         shm_transfer.register()
         self.spec, self.out, self.beat, self._params = spec, out, beat, SamplingParams
-        extra = dict(spec.extra)
+        extra = {**whole_prefills(spec.max_model_len), **spec.extra}
         if spec.kv_cache_bytes is not None:
             extra["kv_cache_memory_bytes"] = spec.kv_cache_bytes
         self.llm = LLM(model=spec.model, dtype=spec.dtype, max_model_len=spec.max_model_len, seed=spec.seed,
@@ -278,9 +293,25 @@ _RPCS = {
 }
 
 
+def pin_cpus(cores: str) -> None:
+    """`FASTRL_ROLLOUT_CPUS` (a bench setting, e.g. "1" or "2,3"): run this process on those cores with one torch
+    thread per core, set before the engine starts its threads; "" leaves both as inherited."""
+    if not cores:
+        return
+    try:
+        ids = {int(c) for c in cores.split(",")}
+    except ValueError:
+        raise ValueError(f"FASTRL_ROLLOUT_CPUS={cores!r}: expected comma-separated core ids ('1', '2,3')") from None
+    import torch
+
+    os.sched_setaffinity(0, ids)
+    torch.set_num_threads(len(ids))
+
+
 def worker_main(spec: WorkerSpec, ctrl, out, beat, parent_pid: int) -> None:
     """The rollout process's entry point (a spawn target): arm the parent-death signal, build, serve."""
     die_with_parent(parent_pid)
+    pin_cpus(os.environ.get("FASTRL_ROLLOUT_CPUS", ""))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: one child
     beat.value = time.monotonic()
     out.put(("started", os.getpid()))

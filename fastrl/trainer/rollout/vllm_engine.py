@@ -32,7 +32,7 @@ import torch
 
 from ..fsdp import full_state_items, is_sharded
 from ..validate import ConfigError
-from .async_worker import request_seed
+from .async_worker import request_seed, whole_prefills
 from .base import SamplingEngine, resolve_replay
 from .engine import Completion
 from .thinking import Request, Sampled, sample_with_budget
@@ -114,7 +114,7 @@ class VLLMEngine(SamplingEngine):
         # a prompt of max_prompt_length and a completion of max_completion_length (inserted tokens included)
         max_model_len = config.max_prompt_length + config.max_completion_length
         dtype = vllm_dtype(config, model)
-        extra = {}
+        extra = whole_prefills(max_model_len)  # seeded requests on vLLM's CPU build
         kv_bytes = kv_cache_bytes(config, model, dtype, max_model_len)
         if kv_bytes is not None:
             extra["kv_cache_memory_bytes"] = kv_bytes
@@ -137,6 +137,15 @@ class VLLMEngine(SamplingEngine):
         self.asleep, self.seed = False, config.seed
 
     seeded = True  # generate takes prompt_ids: each request seeded through SamplingParams.seed
+    # A bench hook (bench/async_step.py), None in training: prompt id -> (max_tokens, min_tokens) of its requests,
+    # in place of the config's, as the rollout process's per-group `options` (a length mix both modes share).
+    lengths_of = None
+
+    def _lengths(self, prompt_id: int) -> tuple[int, int]:
+        hi, lo = self.lengths_of(prompt_id)
+        if not 0 <= lo <= hi <= self.max_new_tokens:
+            raise ValueError(f"lengths_of({prompt_id}) = {(hi, lo)}: need 0 <= min <= max <= {self.max_new_tokens}")
+        return hi, lo
 
     def _replay_blocker(self, config) -> str | None:
         """Why this engine cannot give the kept sets (None: it can)."""
@@ -168,9 +177,12 @@ class VLLMEngine(SamplingEngine):
         elif prompt_ids is not None or self.replay:  # a request per completion
             flat = [p for p in prompts for _ in range(n)]
             seeds = [None] * len(flat)
+            limits = [(self.max_new_tokens, self.min_new_tokens)] * len(flat)
             if prompt_ids is not None:
                 seeds = [request_seed(self.seed, pid, k) for pid in prompt_ids for k in range(n)]
-            params = [self._sampling(1, self.max_new_tokens, self.min_new_tokens, want_logprobs, s) for s in seeds]
+                if self.lengths_of is not None:
+                    limits = [self._lengths(pid) for pid in prompt_ids for _ in range(n)]
+            params = [self._sampling(1, hi, lo, want_logprobs, s) for s, (hi, lo) in zip(seeds, limits)]
             outs = self._generate([{"prompt_token_ids": p} for p in flat], params)
             result = [self._completion(p, o.outputs[0], want_logprobs, prm) for p, o, prm in zip(flat, outs, params)]
         else:
