@@ -152,7 +152,7 @@ def test_worker_tokens_equal_an_in_process_engine_with_the_same_seeds(served):
     from vllm import LLM, SamplingParams
 
     config, _, tokenizer, rollout, _, path = served
-    assert not rollout.process.isalive()  # never two engines at once
+    assert not rollout.process.is_alive()  # never two engines at once
     spec = spec_of(config, path, tokenizer)
     llm = LLM(model=path, dtype="float32", max_model_len=spec.max_model_len, seed=spec.seed, enforce_eager=True,
               logprobs_mode="processed_logprobs", kv_cache_memory_bytes=spec.kv_cache_bytes)  # fmt: skip
