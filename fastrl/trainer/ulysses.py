@@ -29,25 +29,91 @@ ATTENTION = "fastrl_ulysses"
 _active: list[SequenceParallel] = []  # the group of the `ulysses` context this process is in
 
 
-def _exchange(x: torch.Tensor, group) -> torch.Tensor:
-    """`[B, N, ...]`: block j of dim 1 goes to rank j, and what rank j sent lands in block j (an involution)."""
-    send = x.movedim(1, 0).contiguous()
+def _all_to_all(send: torch.Tensor, group) -> torch.Tensor:
+    """`send` `[N, ...]` contiguous: block j goes to rank j; block j of the result is what rank j sent."""
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
-    return recv.movedim(0, 1)
+    return recv
 
 
-class _AllToAll(torch.autograd.Function):
-    """The exchange is a permutation that is its own inverse, so its adjoint is itself."""
+def _blocks(x: torch.Tensor, n: int) -> torch.Tensor:
+    """`[B, h, T, d]` whole rows → `[N, B, S, h, d]`, a view: block j holds the row's j-th S = T / N tokens."""
+    return x.transpose(1, 2).unflatten(1, (n, x.shape[2] // n)).transpose(0, 1)
+
+
+def _rows(recv: torch.Tensor) -> torch.Tensor:
+    """`[N, B, S, h, d]` blocks → `[B, T, h, d]` whole rows: a view when B = 1, a copy otherwise."""
+    n, batch, block = recv.shape[:3]
+    return recv.transpose(0, 1).reshape(batch, n * block, *recv.shape[3:])
+
+
+def _pack_heads(dst: torch.Tensor, x: torch.Tensor) -> None:
+    """Write `x` `[B, H, S, d]` into `dst` `[N, B, S, h, d]`: block j gets head group j. With fewer heads
+    than N (key/value heads under GQA) each head is written to the N / H blocks that read it."""
+    n, heads = dst.shape[0], x.shape[1]
+    by_rank = x.permute(1, 0, 2, 3)  # [H, B, S, d]
+    if heads >= n:
+        dst.copy_(by_rank.unflatten(0, (n, heads // n)).permute(0, 2, 3, 1, 4))
+    else:
+        dst.unflatten(0, (heads, n // heads)).copy_(by_rank[:, None, :, :, None, :])
+
+
+def _unpack_heads(recv: torch.Tensor, heads: int) -> torch.Tensor:
+    """The adjoint of `_pack_heads`: `[N, B, S, h, d]` → `[B, H, S, d]` (stored `[B, S, H, d]`), the blocks of
+    a replicated head summed."""
+    n, batch, block, _, d = recv.shape
+    if heads < n:
+        recv = recv.unflatten(0, (heads, n // heads)).sum(1)  # [H, B, S, 1, d]
+    out = torch.empty(batch, block, heads, d, dtype=recv.dtype, device=recv.device)
+    out.view(batch, block, recv.shape[0], -1, d).copy_(recv.permute(1, 2, 0, 3, 4))
+    return out.transpose(1, 2)
+
+
+class _SequenceToHeads(torch.autograd.Function):
+    """q `[B, H, S, d]`, k and v `[B, H_kv, S, d]` of this rank's block → q, k, v `[B, h, T, d]`: the whole rows
+    of this rank's heads. One send buffer and one exchange; the results are views of what was received."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _exchange(x, group)
+    def forward(ctx, q, k, v, group, n):
+        ctx.group, ctx.n, ctx.heads = group, n, (q.shape[1], k.shape[1])
+        ctx.widths = [q.shape[1] // n, max(1, k.shape[1] // n), max(1, k.shape[1] // n)]
+        batch, _, block, d = q.shape
+        send = q.new_empty(n, batch, block, sum(ctx.widths), d)
+        for dst, x in zip(send.split(ctx.widths, dim=3), (q, k, v)):
+            _pack_heads(dst, x)
+        rows = _rows(_all_to_all(send, group))
+        return tuple(t.transpose(1, 2) for t in rows.split(ctx.widths, dim=2))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        shape = _blocks(grads[0], ctx.n).shape
+        send = grads[0].new_empty(*shape[:3], sum(ctx.widths), shape[4])
+        for dst, g in zip(send.split(ctx.widths, dim=3), grads):
+            dst.copy_(_blocks(g, ctx.n))
+        recv = _all_to_all(send, ctx.group)
+        heads = (ctx.heads[0], ctx.heads[1], ctx.heads[1])
+        return (*(_unpack_heads(r, h) for r, h in zip(recv.split(ctx.widths, dim=3), heads)), None, None)
+
+
+class _HeadsToSequence(torch.autograd.Function):
+    """The attention output `[B, h, T, d]` of this rank's heads → `[B, S, H, d]` of its block, all heads."""
+
+    @staticmethod
+    def forward(ctx, out, group, n):
+        ctx.group, ctx.n = group, n
+        recv = _all_to_all(_blocks(out, n).contiguous(), group)  # no copy for one row stored [B, T, h, d]
+        return _rows_of_heads(recv)
 
     @staticmethod
     def backward(ctx, grad):
-        return _exchange(grad, ctx.group), None
+        send = grad.unflatten(2, (ctx.n, grad.shape[2] // ctx.n)).permute(2, 0, 1, 3, 4).contiguous()
+        return _rows(_all_to_all(send, ctx.group)).transpose(1, 2), None, None
+
+
+def _rows_of_heads(recv: torch.Tensor) -> torch.Tensor:
+    """`[N, B, S, h, d]` head groups → `[B, S, N·h, d]`, contiguous (the output projection's input)."""
+    n, batch, block, h, d = recv.shape
+    return recv.permute(1, 2, 0, 3, 4).reshape(batch, block, n * h, d)
 
 
 def check_heads(num_heads: int, num_kv_heads: int, n: int) -> None:
@@ -58,13 +124,6 @@ def check_heads(num_heads: int, num_kv_heads: int, n: int) -> None:
         raise ValueError(
             f"sequence_parallel={n} and the model's {num_kv_heads} key/value heads: one must divide the other"
         )
-
-
-def _heads_to_ranks(x: torch.Tensor, n: int) -> torch.Tensor:
-    """`[B, H, S, d]` → `[B, N, H / N, S, d]`, key/value heads repeated up to N first."""
-    if x.shape[1] < n:
-        x = x.repeat_interleave(n // x.shape[1], dim=1)
-    return x.unflatten(1, (n, x.shape[1] // n))
 
 
 def _documents(position_ids: torch.Tensor, sp: SequenceParallel, batch: int) -> list[list[tuple[int, int]]]:
@@ -92,13 +151,10 @@ def ulysses_attention(module, query, key, value, attention_mask, scaling=None, d
     position_ids = kwargs.get("position_ids")
     if position_ids is None or query.shape[2] != key.shape[2]:
         raise ValueError("sequence-parallel attention needs the position ids of whole rows and no KV cache")
-    n, (batch, heads, block, _) = sp.size, query.shape
-    check_heads(heads, key.shape[1], n)
-    qkv = torch.cat([_heads_to_ranks(t, n) for t in (query, key, value)], dim=2)
-    qkv = _AllToAll.apply(qkv, sp.group)  # [B, N(block), H' + 2·Hkv', S, d]
-    qkv = qkv.movedim(1, 2).flatten(2, 3)  # [B, H' + 2·Hkv', T, d]: whole rows of this rank's heads
-    kv = max(1, key.shape[1] // n)
-    q, k, v = qkv.split([heads // n, kv, kv], dim=1)
+    batch = query.shape[0]
+    check_heads(query.shape[1], key.shape[1], sp.size)
+    # [B, h, T, d]: the whole rows of this rank's heads
+    q, k, v = _SequenceToHeads.apply(query, key, value, sp.group, sp.size)
     drop = dropout if module.training else 0.0
     rows = []
     for b, docs in enumerate(_documents(position_ids, sp, batch)):
@@ -114,11 +170,10 @@ def ulysses_attention(module, query, key, value, attention_mask, scaling=None, d
             )
             for s, e in docs
         ]
-        rows.append(torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0])
-    out = torch.cat(rows, dim=0) if batch > 1 else rows[0]  # [B, H', T, d]
-    out = out.unflatten(2, (n, block)).movedim(2, 1)  # [B, N(block), H', S, d]
-    out = _AllToAll.apply(out, sp.group)  # [B, N(head group), H', S, d]
-    return out.flatten(1, 2).transpose(1, 2), None
+        seq_major = [p.transpose(1, 2) for p in pieces]  # [1, len, h, d], as the kernel stores its output
+        rows.append(torch.cat(seq_major, dim=1) if len(pieces) > 1 else seq_major[0])
+    out = (torch.cat(rows) if batch > 1 else rows[0]).transpose(1, 2)  # [B, h, T, d], stored [B, T, h, d]
+    return _HeadsToSequence.apply(out, sp.group, sp.size), None
 
 
 def _register() -> None:
