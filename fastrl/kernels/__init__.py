@@ -10,7 +10,7 @@ Imports only torch (and triton, when a Triton path runs).
 """
 
 from .dispatch import IMPLS, resolve_impl
-from .fused_loss import attach_gradients, policy_loss_grads
+from .fused_loss import attach_gradients, policy_loss_grads, take_weight_gradient
 from .logprobs import (
     MIN_TEMPERATURE,
     LogprobParams,
@@ -45,6 +45,7 @@ __all__ = [
     "sampled_logprobs_reference",
     "sampled_token_logprobs",
     "sampler_on",
+    "take_weight_gradient",
     "token_logprobs",
     "token_logprobs_reference",
 ]

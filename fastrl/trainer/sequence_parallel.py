@@ -26,12 +26,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from fastrl.kernels import take_weight_gradient
 from fastrl.losses import LossConfig
 from fastrl.losses.grpo import IGNORE_INDEX
 
 from . import distributed as dist_utils
 
 __all__ = [
+    "HeadGradientRows",
     "SequenceParallel",
     "check_same_rollouts",
     "check_token_local",
@@ -43,7 +45,8 @@ __all__ = [
 
 ROW_KEYS = ("targets", "mask", "old_logprobs", "ref_logprobs", "rollout_logprobs")
 # plants a test switches on to watch its checks fail: "labels" (shifted within a shard), "positions"
-# (restarted at every shard), "normalizer" (the shard's own tokens, not the group's)
+# (restarted at every shard), "normalizer" (the shard's own tokens, not the group's), "head_rows" (every
+# rank's block of the head's gradient added to the first block's rows)
 PLANTED: set[str] = set()
 
 
@@ -262,3 +265,45 @@ def check_same_rollouts(samples: list, sp: SequenceParallel) -> None:
             f"the ranks of a sequence group hold different rollouts (checksums {low:.0f} .. {high:.0f}): they must "
             "sample with the same seed (the data-parallel rank's) from the same weights"
         )
+
+
+class HeadGradientRows:
+    """The head weight's gradient summed over the sequence group, this rank's block of its rows only.
+
+    The gradient-in-forward loss forms the head's `[V, D]` weight gradient in its forward pass, and every rank
+    of the group would hold its own until the backward ends. Summed over the group right away instead (one
+    reduce-scatter: a part of the sum the step's all-reduce forms anyway), a rank holds V / N rows through the
+    backward. `add_to` then adds them to the weight's gradient (other ranks add the other rows), and the
+    step's all-reduce over the world completes the sum, as it does for every other gradient.
+    """
+
+    def __init__(self, sp: SequenceParallel):
+        self.sp, self.rows = sp, None
+
+    def take(self, loss: torch.Tensor) -> None:
+        """After each micro-batch's loss, before its backward, on every rank of the group.
+
+        Raises:
+            RuntimeError: the group's ranks disagree on whether their losses hold a head gradient.
+        """
+        d_weight = take_weight_gradient(loss)
+        holders = dist_utils.all_reduce_sum(float(d_weight is not None), self.sp.group)
+        if holders == 0:
+            return  # a frozen head, or a loss that forms no gradient in its forward pass
+        if d_weight is None or holders != self.sp.size:
+            raise RuntimeError(f"{holders:.0f} of the sequence group's {self.sp.size} losses hold a head gradient")
+        blocks = list(torch.tensor_split(d_weight, self.sp.size))
+        mine = torch.empty_like(blocks[self.sp.rank])
+        dist.reduce_scatter(mine, blocks, group=self.sp.group)
+        del d_weight, blocks
+        self.rows = mine if self.rows is None else self.rows.add_(mine)
+
+    def add_to(self, weight: torch.Tensor) -> None:
+        """Add this rank's rows to `weight.grad` (zeros first if it has none), before the step's all-reduce."""
+        if self.rows is None:
+            return
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        block = 0 if "head_rows" in PLANTED else self.sp.rank
+        torch.tensor_split(weight.grad, self.sp.size)[block].add_(self.rows.to(weight.grad.dtype))
+        self.rows = None

@@ -35,7 +35,14 @@ from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss
 from . import distributed as dist_utils
 from .batching import Sample, collate, plan_microbatches, token_mask
 from .fsdp import filler_sample, is_sharded, run_sharded
-from .sequence_parallel import SequenceParallel, check_token_local, gather_rows, split_microbatch, step_normalizer
+from .sequence_parallel import (
+    HeadGradientRows,
+    SequenceParallel,
+    check_token_local,
+    gather_rows,
+    split_microbatch,
+    step_normalizer,
+)
 from .ulysses import ulysses
 
 
@@ -233,9 +240,14 @@ def train_step(model, optimizer, samples: list[Sample], settings: StepSettings, 
         batches = list(batches)
         live = sum(1 for sample in samples if sample.loss_mask)
         normalizer = step_normalizer([mb for mb, _ in batches], s.loss.loss_agg, live, s.sequence)
+    # under sequence parallelism each rank keeps its rows of the head's gradient, summed over the group
+    split = s.sequence is not None and s.sequence.size > 1 and not is_sharded(model)  # FSDP shards it already
+    head_rows = HeadGradientRows(s.sequence) if split else None
     with _sequence_parallel(model, s):
         for mb, _ in batches:
             out = run_sharded(model, _microbatch_loss, mb, s, normalizer)
+            if head_rows is not None:
+                head_rows.take(out.loss)
             out.loss.backward()
             n = float(out.metrics["num_tokens"])
             sums["loss"] += float(out.loss.detach())
@@ -246,6 +258,8 @@ def train_step(model, optimizer, samples: list[Sample], settings: StepSettings, 
                 if k in out.metrics:
                     sums[k] += float(out.metrics[k]) * n  # token-weighted; divided by the global count below
     params = [p for p in model.parameters() if p.requires_grad]
+    if head_rows is not None:
+        head_rows.add_to(lm_body_and_head(model)[1])
     if not is_sharded(model):  # FSDP has reduce-scattered (summed) them already
         dist_utils.all_reduce_grads(params)
     clip = s.max_grad_norm if s.max_grad_norm > 0 else math.inf

@@ -41,7 +41,7 @@ CASES = [  # (name, key/value heads, packed, fsdp)
     ("gqa-padded-fsdp", 2, False, True),
     ("mqa-packed-fsdp", 1, True, True),
 ]
-PLANTS = ("labels", "positions", "normalizer")
+PLANTS = ("labels", "positions", "normalizer", "head_rows")
 
 
 def qwen2(kv_heads: int):

@@ -208,6 +208,34 @@ def test_grad_output_scales_and_tied_weight_sums():
     torch.testing.assert_close(b2.grad, -3.0 * grads[2])
 
 
+def test_the_weight_gradient_taken_out_is_the_weights_and_the_backward_leaves_it_alone():
+    from fastrl.kernels import take_weight_gradient
+
+    x = make_inputs()
+    cfg = LossConfig(loss_agg="grpo", beta=0.1)
+    kw, adv = _kwargs(x, cfg)
+    h, w, b = _leaves(x, torch.float32)
+    grads = torch.autograd.grad(
+        grpo_loss(h, w, x["targets"], x["mask"], adv, bias=b, impl="torch", **kw).loss, (h, w, b)
+    )
+    loss = grpo_loss(h, w, x["targets"], x["mask"], adv, bias=b, impl="torch", **kw).loss
+    taken = take_weight_gradient(loss)
+    assert take_weight_gradient(loss) is None  # taken once
+    torch.testing.assert_close(taken, grads[1])
+    loss.backward()
+    assert w.grad is None  # the caller owns it now
+    torch.testing.assert_close(h.grad, grads[0])
+    torch.testing.assert_close(b.grad, grads[2])
+    loss = grpo_loss(h, w, x["targets"], x["mask"], adv, bias=b, impl="torch", **kw).loss
+    take_weight_gradient(loss)
+    with pytest.raises(RuntimeError, match="grad_output 2.0 after the weight's gradient was taken"):
+        (2.0 * loss).backward()
+    assert (
+        take_weight_gradient(policy_loss(torch.zeros(2, 3, requires_grad=True), torch.ones(2), torch.ones(2, 3)).loss)
+        is None
+    )
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_entropy_metric_from_the_same_pass(impl, fused_calls):
     cfg = LossConfig(beta=0.04, temperature=0.8)

@@ -10,7 +10,7 @@ api.py       `fused_logprob_grads`: input checks and the entry point
 
 from .api import fused_logprob_grads, policy_loss_grads
 from .chunked import fused_forward, fused_rows
-from .function import attach_gradients
+from .function import attach_gradients, take_weight_gradient
 from .params import FusedLossParams
 from .tokens import PolicyTokens
 
@@ -22,4 +22,5 @@ __all__ = [
     "fused_logprob_grads",
     "fused_rows",
     "policy_loss_grads",
+    "take_weight_gradient",
 ]

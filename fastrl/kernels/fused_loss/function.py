@@ -3,7 +3,7 @@
 import torch
 from torch.autograd.function import once_differentiable
 
-__all__ = ["attach_gradients"]
+__all__ = ["attach_gradients", "take_weight_gradient"]
 
 
 class _StoredGradients(torch.autograd.Function):
@@ -22,6 +22,11 @@ class _StoredGradients(torch.autograd.Function):
                 "pass and handed out by the first backward (and freed). Call grpo_loss again to get a new loss."
             )
         ctx.grads = None
+        if getattr(ctx, "weight_taken", False) and not bool(grad_loss == 1):
+            raise RuntimeError(
+                f"grpo_loss: backward with grad_output {grad_loss.item()} after the weight's gradient was taken "
+                "out of the loss (take_weight_gradient), which assumes 1: call loss.backward() without a scale"
+            )
         # In place: the stored buffers become the returned gradients, no second `[V, D]` buffer
         scaled = [None if t is None else t.mul_(grad_loss.to(t.dtype)) for t in grads]
         return None, None, *scaled
@@ -34,3 +39,20 @@ def attach_gradients(loss: torch.Tensor, hidden, weight, bias, grads) -> torch.T
     second backward raises a RuntimeError.
     """
     return _StoredGradients.apply(loss, tuple(grads), hidden, weight, bias)
+
+
+def take_weight_gradient(loss: torch.Tensor) -> torch.Tensor | None:
+    """Take the weight's gradient out of a gradient-in-forward `loss`; None for any other loss, or when the
+    loss holds none (a frozen head) or it was taken already.
+
+    The caller owns the `[V, D]` buffer from then on: the loss's backward hands the weight no gradient, and
+    must run with grad_output 1 (`loss.backward()`), else it raises. Sequence parallelism uses it to sum the
+    head's gradient over the group in the forward pass and keep only its rows of the sum until the backward
+    ends (fastrl/trainer/sequence_parallel.py).
+    """
+    node = loss.grad_fn
+    if not isinstance(node, _StoredGradients._backward_cls) or node.grads is None or node.grads[1] is None:
+        return None
+    d_hidden, d_weight, d_bias = node.grads
+    node.grads, node.weight_taken = (d_hidden, None, d_bias), True
+    return d_weight
