@@ -46,7 +46,8 @@ __all__ = [
 ROW_KEYS = ("targets", "mask", "old_logprobs", "ref_logprobs", "rollout_logprobs")
 # plants a test switches on to watch its checks fail: "labels" (shifted within a shard), "positions"
 # (restarted at every shard), "normalizer" (the shard's own tokens, not the group's), "head_rows" (every
-# rank's block of the head's gradient added to the first block's rows)
+# rank's block of the head's gradient added to the first block's rows), "head_rows_bf16" (a bf16 head
+# gradient summed in bf16)
 PLANTED: set[str] = set()
 
 
@@ -292,9 +293,16 @@ class HeadGradientRows:
             return  # a frozen head, or a loss that forms no gradient in its forward pass
         if d_weight is None or holders != self.sp.size:
             raise RuntimeError(f"{holders:.0f} of the sequence group's {self.sp.size} losses hold a head gradient")
-        blocks = list(torch.tensor_split(d_weight, self.sp.size))
-        mine = torch.empty_like(blocks[self.sp.rank])
-        dist.reduce_scatter(mine, blocks, group=self.sp.group)
+        blocks, group = list(torch.tensor_split(d_weight, self.sp.size)), self.sp.group
+        if d_weight.dtype == torch.float32 and "head_rows_bf16" not in PLANTED:
+            mine = torch.empty_like(blocks[self.sp.rank])
+            dist.reduce_scatter(mine, blocks, group=group)
+        else:  # summed in float32 as the step's all-reduce sums gradients: one float32 block at a time
+            for j, block in enumerate(blocks):
+                total = block.float() if "head_rows_bf16" not in PLANTED else block.clone()
+                dist.reduce(total, dst=dist.get_global_rank(group, j), group=group)
+                if j == self.sp.rank:
+                    mine = total.float()
         del d_weight, blocks
         self.rows = mine if self.rows is None else self.rows.add_(mine)
 

@@ -6,7 +6,8 @@ lengths (odd widths: the last block is padded), with and without FSDP2. Each cas
 with sequence parallel 2 (`train_step` and `sequence_logprobs` with `StepSettings(sequence=...)`) and
 compares, with the 1-process `train_step` on the same samples, the loss and
 entropy of each step, the gradients, the parameters after them and the per-token log-probs. The same
-launch reruns one case with each planted bug of `sequence_parallel.PLANTED` and those results must differ.
+launch reruns one case with each planted bug of `sequence_parallel.PLANTED` and those results must differ,
+and sums a bf16 head's gradient over the group (in float32; the planted bf16 sum must differ).
 """
 
 import os
@@ -18,7 +19,8 @@ import pytest
 import torch
 from _spawn import spawn
 
-from fastrl.losses import LossConfig
+from fastrl.kernels import take_weight_gradient
+from fastrl.losses import LossConfig, grpo_loss
 from fastrl.trainer import sequence_parallel as seqpar
 from fastrl.trainer.batching import Sample, collate
 from fastrl.trainer.fsdp import shard_model
@@ -129,7 +131,33 @@ def _worker(rank, world, out_dir):
             results[plant] = run_case(2, True, False, sp)[0]
         finally:
             seqpar.PLANTED.discard(plant)
+    results["bf16_head_rows"] = bf16_head_rows(sp)
+    seqpar.PLANTED.add("head_rows_bf16")
+    try:
+        results["bf16_head_rows_planted"] = bf16_head_rows(sp)
+    finally:
+        seqpar.PLANTED.discard("head_rows_bf16")
     torch.save(results, f"{out_dir}/rank{rank}.pt")
+
+
+def bf16_head_rows(sp):
+    """A bf16 head's gradient through `HeadGradientRows`: (this rank's rows of the group's sum, the float32 sum
+    of every rank's bf16 gradient at those rows)."""
+    g = torch.Generator().manual_seed(10 + sp.rank)
+    hidden = torch.randn(1, 16, 32, generator=g).bfloat16().requires_grad_()
+    weight = torch.randn(V, 32, generator=torch.Generator().manual_seed(9)).bfloat16().requires_grad_()
+    targets = torch.randint(0, V, (1, 16), generator=g)
+
+    def loss():
+        return grpo_loss(hidden, weight, targets, torch.ones(1, 16, dtype=torch.bool), torch.ones(1), config=CONFIG,
+                         impl="torch").loss  # fmt: skip
+
+    mine = take_weight_gradient(loss()).float()
+    parts = [torch.empty_like(mine) for _ in range(sp.size)]
+    torch.distributed.all_gather(parts, mine, group=sp.group)
+    rows = seqpar.HeadGradientRows(sp)
+    rows.take(loss())
+    return rows.rows, torch.tensor_split(sum(parts), sp.size)[sp.rank]
 
 
 def reference(kv_heads, packed):
@@ -177,6 +205,11 @@ def test_sequence_parallel_2_equals_one_process(tmp_path):
     assert torch.equal(before, inside) and impl == "sdpa"
     for plant in PLANTS:  # each planted bug must be caught by the same comparison
         assert mismatches(got[0][plant], refs[2, True]), plant
+    for r in range(2):  # a bf16 head's gradient is summed over the group in float32
+        rows, expected = got[r]["bf16_head_rows"]
+        torch.testing.assert_close(rows, expected, rtol=1e-6, atol=0)
+        rows, expected = got[r]["bf16_head_rows_planted"]  # summed in bf16
+        assert not torch.allclose(rows, expected, rtol=1e-6, atol=0)
 
 
 def test_split_labels_cross_blocks_and_heads_refused():
