@@ -229,7 +229,7 @@ def train_step(model, optimizer, samples: list[Sample], settings: StepSettings, 
     """
     s = _settings(settings, legacy)
     model.zero_grad(set_to_none=True)
-    if not is_sharded(model):  # long micro-batches: the MLPs' activations a few thousand tokens at a time
+    if not is_sharded(model):  # long micro-batches: the MLPs' activations about a thousand tokens at a time
         tile_mlps(model)
     sums = dict.fromkeys(("loss", "num_tokens", "replay_missing_tokens") + METRIC_KEYS, 0.0)
     filler = filler_sample(s.pad_id, ref=s.loss.beta > 0, rollout=s.loss.is_cap is not None)
