@@ -4,6 +4,8 @@ The loss of the whole step is the sum of the micro-batch losses because every mi
 GLOBAL normalizer (tokens for token-mean, sequences otherwise), summed over micro-batches and ranks. The
 gradient is then exact: each rank backpropagates its share and the gradients are SUM-all-reduced (or, with
 `--fsdp`, SUM-reduce-scattered into the shards; the model's calls then run through `fsdp.run_sharded`).
+Under sequence parallelism without `--fsdp`, the head's gradient is summed over the sequence group as soon
+as the loss forms it, each rank keeping its rows (`sequence_parallel.HeadGradientRows`).
 
 Each `*MLP` module of an unsharded model runs in token tiles (`tiled_mlp.py`): a long micro-batch then holds
 one tile's MLP activations at a time, not the whole sequence's, while a layer is recomputed under gradient
