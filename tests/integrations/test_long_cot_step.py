@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from bench import long_cot_step
+from bench import long_cot_providers, long_cot_step
 
 TINY = ["--completion-length", "40", "--prompt-length", "8", "--group", "2", "--layers", "1", "--vocab", "512",
         "--hidden", "32", "--intermediate", "64", "--heads", "4", "--kv-heads", "2", "--budget", "64", "--steps", "2",
@@ -85,7 +85,7 @@ def test_the_log_probs_see_a_different_model_where_the_on_policy_loss_does_not(t
     opts = long_cot_step.parse(TINY)
     opts.model_dir = str(tmp_path / "model")
     long_cot_step.save_model(opts, opts.model_dir)
-    load, paths, rows, losses = long_cot_step._load, {}, {}, {}
+    load, paths, rows, losses = long_cot_providers._load, {}, {}, {}
 
     def perturbed(opts):
         model = load(opts)
@@ -95,8 +95,8 @@ def test_the_log_probs_see_a_different_model_where_the_on_policy_loss_does_not(t
 
     for name in ("saved", "perturbed"):
         if name == "perturbed":
-            monkeypatch.setattr(long_cot_step, "_load", perturbed)
-        _, _, step, score = long_cot_step.eager_step(opts)  # the eager provider's own code
+            monkeypatch.setattr(long_cot_providers, "_load", perturbed)
+        _, _, step, score = long_cot_providers.eager_step(opts)  # the eager provider's own code
         paths[name] = str(tmp_path / f"{name}.pt")
         torch.save({"w": torch.ones(3)}, paths[name])  # equal gradients: the log-probs alone must tell them apart
         torch.save(score(24), long_cot_step.logp_path(paths[name]))
