@@ -15,6 +15,7 @@ from vllm_reference import ENGINE, alive
 
 from fastrl.trainer import trainer as loop
 from fastrl.trainer.config import make_config
+from fastrl.trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 TIMING = {"rollout_s", "step_s", "tokens_per_s", "elapsed_s", "total_wall_s"}
@@ -101,9 +102,12 @@ def _worker_of(pid: int) -> int | None:
     return None
 
 
-def _wait_rows(trainer, out, n: int) -> None:
+def _wait_step(trainer, out, step: int) -> None:
+    """Until the log's last line is step `step` or later. The log is read as the trainer reads it (a line torn by
+    a kill is skipped); a resumed run cuts it back to its checkpoint only once its model is loaded, so the steps
+    the killed run logged are still there for a while."""
     deadline = time.monotonic() + 900
-    while not (os.path.exists(out / "metrics.jsonl") and len(rows_of(out)) >= n):
+    while not (os.path.exists(out / "metrics.jsonl") and (rows := read_metrics(out)) and rows[-1]["step"] >= step):
         assert trainer.poll() is None and time.monotonic() < deadline, trainer.stdout.read()
         time.sleep(0.5)
 
@@ -113,16 +117,21 @@ def test_killed_rollout_process_is_reported_and_resume_trains_each_prompt_once(t
     (its rollout process dies with it), a second resume: every prompt trained on exactly once."""
     out = tmp_path / "run"
     trainer = _run(out, "--rollout-timeout-s", "300")
-    _wait_rows(trainer, out, 3)  # past the step-2 checkpoint
+    _wait_step(trainer, out, 3)  # past the step-2 checkpoint
     worker = _worker_of(trainer.pid)
     os.kill(worker, signal.SIGKILL)  # mid-step: the rollout process dies
     t = time.monotonic()
     log = trainer.communicate(timeout=120)[0]
     assert trainer.returncode != 0 and "rollout worker" in log and "exited with code -9" in log, log[-3000:]
     print(f"killed rollout process reported after {time.monotonic() - t:.1f} s")
+    # groups queued before the kill may have carried the killed run a step or two further: wait for a step past
+    # those, which only the resumed run can have logged, and past the step-4 checkpoint
+    killed_last = read_metrics(out)[-1]["step"]
+    assert killed_last < 7, f"the killed run logged step {killed_last}: too late for a kill mid-run"
+    print(f"the killed run logged steps through {killed_last}")
     resumed = _run(out, "--resume")
     try:
-        _wait_rows(resumed, out, 5)  # past the step-4 checkpoint
+        _wait_step(resumed, out, max(5, killed_last + 1))
         worker = _worker_of(resumed.pid)
         assert worker is not None
         resumed.kill()  # the whole run, mid-step
