@@ -32,6 +32,11 @@ setup(
             "deepspeed>=0.19.8,<0.20",
             "omegaconf>=2.3",
             "tensorboard>=2.21",
+            # the trackers' read-back tests (tests/trainer/test_trackers.py): W&B offline, MLflow on SQLite
+            "wandb==0.31.0",
+            "mlflow-skinny==3.17.2",
+            "sqlalchemy==2.1.9",
+            "alembic==1.20.1",
         ],
         "bench": [
             "pytest-benchmark>=4",
@@ -44,6 +49,9 @@ setup(
         "data": ["datasets"],
         "vllm": ["vllm>=0.32"],
         "tensorboard": ["tensorboard"],
+        "wandb": ["wandb>=0.31"],
+        # MLflow's tracking client and its SQL store (the default store is <output_dir>/mlflow.db)
+        "mlflow": ["mlflow-skinny>=3.13", "sqlalchemy>=2", "alembic"],
     },
     entry_points={"console_scripts": ["fastrl=fastrl.trainer.cli:main"]},
 )

@@ -29,6 +29,9 @@
     checkpoint.py          atomic checkpoints (the staging write both kinds use), resume, output-dir guard
     sharded_checkpoint.py  --fsdp checkpoints (torch.distributed.checkpoint); export to a HF directory
     metrics.py             metrics.jsonl (+ TensorBoard), progress lines
+    trackers.py            --report-to: TensorBoard, W&B, MLflow (rank 0 only, imported when asked for, resumable)
+    eval_metrics.py        held-out evaluation metrics: unbiased pass@k, mean@k, maj@k; eval/step-N.jsonl
+    eval_sets.py           held-out arithmetic problems the training stream never draws
     build.py               start_run: device, process group, model, data, warm-up, reference, optimizer, resume
     stages.py              collect, score_batch, attach_logprobs, minibatches, optimizer_step, step_record, save_run
     staleness.py           policy-version spans of tokens, the admission rule, staleness metrics
