@@ -32,6 +32,7 @@
     trackers.py            --report-to: TensorBoard, W&B, MLflow (rank 0 only, imported when asked for, resumable)
     eval_metrics.py        held-out evaluation metrics: unbiased pass@k, mean@k, maj@k; eval/step-N.jsonl
     eval_sets.py           held-out arithmetic problems the training stream never draws
+    plot.py                `fastrl plot`: a run's curves (or several runs' overlaid) as one PNG
     build.py               start_run: device, process group, model, data, warm-up, reference, optimizer, resume
     stages.py              collect, score_batch, attach_logprobs, minibatches, optimizer_step, step_record, save_run
     staleness.py           policy-version spans of tokens, the admission rule, staleness metrics
