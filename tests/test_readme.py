@@ -2,10 +2,12 @@
 example, in a fresh venv made from a copy of the working tree as a clone would have it; and its second command is
 the test command `.ci/run` runs.
 
-The venv is `python3 -m venv --system-site-packages`, so the README's `pip install torch==2.13.0` finds the
-installed torch (seconds, not a download); its `pip` is the venv's (`<venv>/bin/python -m pip`: pip from the
-system site, installing into the venv). The tiny run gets `--max-steps 2 --warmup-sft-steps 2 --no-progress`
-appended (the command's meaning is unchanged; the preset's 300 + 100 steps take minutes). The verl line is a
+The venv (`make_venv`) sees the packages of the interpreter running the tests, so the README's
+`pip install torch==2.13.0` finds the installed torch (seconds, not a download): `--system-site-packages` reaches
+the base interpreter's site only, so when the tests run from a virtualenv its site-packages go in through a .pth
+file. Its `pip` is the venv's (`<venv>/bin/python -m pip`: pip from the outer site, installing into the venv).
+The tiny run gets `--max-steps 2 --warmup-sft-steps 2 --no-progress` appended (the command's meaning is
+unchanged; the preset's 300 + 100 steps take minutes). The verl line is a
 verl launcher command (verl's own venv and a PPO config), not run here; docs/api.md's verl example is
 (tests/integrations/test_readme_integrations.py).
 """
@@ -15,6 +17,7 @@ import os
 import pathlib
 import re
 import shutil
+import site
 import subprocess
 import sys
 
@@ -65,15 +68,43 @@ def _tree_copy(dest: pathlib.Path) -> None:
             shutil.copy2(src, dest / name)
 
 
+def make_venv(venv: pathlib.Path) -> None:
+    """A venv, without its own pip, that sees this interpreter's packages behind its own (module docstring)."""
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
+                   timeout=120)  # fmt: skip
+    if sys.prefix != sys.base_prefix:  # a virtualenv: its packages are not the base's "system site"
+        (site_dir,) = venv.glob("lib/python*/site-packages")
+        (site_dir / "_outer_site.pth").write_text("".join(p + "\n" for p in site.getsitepackages()))
+    pip = venv / "bin" / "pip"
+    pip.write_text(f'#!/bin/sh\nexec "{venv}/bin/python" -m pip "$@"\n')
+    pip.chmod(0o755)
+
+
+@pytest.mark.slow  # builds two venvs
+def test_the_venv_sees_the_packages_of_a_virtualenv_running_the_tests(tmp_path):
+    outer = tmp_path / "outer"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(outer)], check=True,
+                   timeout=120)  # fmt: skip
+    (outer_site,) = outer.glob("lib/python*/site-packages")
+    (outer_site / "only_in_the_outer_venv.py").write_text("WHERE = 'outer'\n")
+    code = (f"import pathlib, sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import test_readme; "
+            f"test_readme.make_venv(pathlib.Path({str(tmp_path / 'inner')!r}))")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's fastrl, imported by the test module's neighbours
+    made = subprocess.run([str(outer / "bin" / "python"), "-c", code], env=env, capture_output=True, text=True,
+                          timeout=180)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    inner = tmp_path / "inner" / "bin" / "python"
+    probe = "import only_in_the_outer_venv, pytest; print(only_in_the_outer_venv.WHERE)"
+    run = subprocess.run([str(inner), "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "outer", run.stderr[-2000:]  # the outer venv's module and the base's pytest
+
+
 @pytest.mark.slow
 def test_the_readme_runs_as_written_in_a_fresh_venv(tmp_path):
     repo, venv = tmp_path / "fastrl", tmp_path / "venv"
     _tree_copy(repo)
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True,
-                   timeout=120)  # fmt: skip
-    pip = venv / "bin" / "pip"
-    pip.write_text(f'#!/bin/sh\nexec "{venv}/bin/python" -m pip "$@"\n')
-    pip.chmod(0o755)
+    make_venv(venv)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_REQUIRE_VIRTUALENV")}
     env.update(PATH=f"{venv}/bin:{env['PATH']}", VIRTUAL_ENV=str(venv), HF_HUB_OFFLINE="1")
     train = commands()[0]
