@@ -29,6 +29,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from fastrl.rewards.extract import extract_answer
+from fastrl.rewards.normalize import normalize, plain_number
+
 _SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -44,7 +47,7 @@ class ProblemResult:
     correct: tuple[bool, ...]  # the verifier's verdict (accuracy reward == 1) of each completion
     lengths: tuple[int, ...]  # completion lengths in tokens
     truncated: tuple[bool, ...]  # cut at the length limit
-    answers: tuple[str | None, ...] | None = None  # the verifier's normalized answers; None: answers do not compare
+    answers: tuple[str | None, ...] | None = None  # each completion's `vote_key`; None: answers do not compare
 
     def __post_init__(self):
         n = len(self.completions)
@@ -105,6 +108,17 @@ def majority_correct(answers: tuple[str | None, ...], correct: tuple[bool, ...])
     most = max(votes.values())
     first = next(i for i, a in enumerate(answers) if a is not None and votes[a] == most)  # a tie: given first wins
     return bool(correct[first])
+
+
+def vote_key(completion: str) -> str | None:
+    """The answer a completion votes for in maj@k: the verifier's extracted answer, normalized, and a plain number
+    as its exact value ("0.5", "1/2" and "\\frac{1}{2}" vote together). None: no answer, so no vote."""
+    answer = extract_answer(completion)
+    if answer is None:
+        return None
+    text = normalize(answer)
+    value = plain_number(text)
+    return text if value is None else str(value)
 
 
 def eval_set_prefix(name: str | None) -> str:

@@ -61,6 +61,13 @@ def test_majority_vote_and_its_tie_rule():
         em.majority_correct(("1", "2"), (True, False, True))
 
 
+def test_vote_keys_are_the_verifiers_normalized_answers():
+    assert em.vote_key("<think>3+4</think>\\boxed{7}") == em.vote_key("\\boxed{7.0}") == "7"
+    assert em.vote_key("\\boxed{0.5}") == em.vote_key("\\boxed{\\frac{1}{2}}") == em.vote_key("\\boxed{1/2}")
+    assert em.vote_key("The final answer is $x^2$") == "x^2"
+    assert em.vote_key("no answer here") is None
+
+
 def _result(pid, correct, answers=None, rewards=None, lengths=None, truncated=None):
     n = len(correct)
     return em.ProblemResult(
