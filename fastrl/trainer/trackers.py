@@ -16,10 +16,12 @@ Where each run goes, and what resume does (`resume_step` set):
                  killed after its last checkpoint) are purged, so every step holds the resumed run's value.
     wandb        project `project` (default "fastrl"), run `run_name`, files under <output_dir>/wandb; the mode
                  (online / offline) is W&B's own (`WANDB_MODE`). Its run id is kept in <output_dir>/trackers.json
-                 and a resume continues that run (`resume="allow"`); W&B ignores a step below one it has.
+                 and a resume continues that run (`resume="allow"`). W&B drops a step at or below the last one
+                 it holds, so steps the killed run logged after its checkpoint keep that run's values.
     mlflow       the tracking URI `MLFLOW_TRACKING_URI`, else a SQLite store <output_dir>/mlflow.db; experiment
                  `project` (default "fastrl"), run `run_name`; the run id is kept in <output_dir>/trackers.json
-                 and a resume reopens that run, its metrics' histories continuing.
+                 and a resume reopens that run, its metrics' histories continuing (steps the killed run logged
+                 after its checkpoint hold both runs' values).
 A resume with no stored run id (the tracker was not on before) starts a new tracker run.
 
 Metric names: MLflow accepts letters, digits, `_ - . /` and spaces, so `@` becomes `_at_` there
