@@ -16,8 +16,8 @@ Where each run goes, and what resume does (`resume_step` set):
                  killed after its last checkpoint) are purged, so every step holds the resumed run's value.
     wandb        project `project` (default "fastrl"), run `run_name`, files under <output_dir>/wandb; the mode
                  (online / offline) is W&B's own (`WANDB_MODE`). Its run id is kept in <output_dir>/trackers.json
-                 and a resume continues that run (`resume="allow"`). W&B drops a step at or below the last one
-                 it holds, so steps the killed run logged after its checkpoint keep that run's values.
+                 and a resume continues that run (`resume="allow"`). W&B ignores a step lower than the run's
+                 current one, so steps the killed run logged after its checkpoint keep that run's values.
     mlflow       the tracking URI `MLFLOW_TRACKING_URI`, else a SQLite store <output_dir>/mlflow.db; experiment
                  `project` (default "fastrl"), run `run_name`; the run id is kept in <output_dir>/trackers.json
                  and a resume reopens that run, its metrics' histories continuing (steps the killed run logged
