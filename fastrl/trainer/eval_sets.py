@@ -4,7 +4,9 @@ The training stream (`tasks.PromptStream`) serves the problems `tasks.load_probl
 fresh shuffle of all of them each epoch, so the prompts it ever draws are exactly that list's prompts. At the
 tiny preset's `arithmetic:9` the 4,096 draws cover all 100 pairs (a, b) with 0 <= a, b <= 9, so a held-out set
 needs a wider operand range: `held_out_arithmetic("arithmetic:9", seed, n=64, max_operand=19)` gives 64 distinct
-additions with an operand in 10..19 (both operands in 0..19), none of them a training prompt.
+additions with an operand in 10..19 (both operands in 0..19), none of them a training prompt. The tiny model
+does not learn those from single-digit training (greedy pass@1: 1/64 after the warm-up and one step, 1/64 after
+the preset's 100 steps), so its in-distribution set is `trained_arithmetic`: each problem the stream draws, once.
 """
 
 import random
@@ -43,3 +45,10 @@ def held_out_arithmetic(dataset: str, seed: int, n: int, max_operand: int) -> li
         )
     random.Random(seed * 1_000_033 + max_operand).shuffle(unseen)
     return [Problem(f"{a}+{b}=", str(a + b)) for a, b in unseen[:n]]
+
+
+def trained_arithmetic(dataset: str, seed: int) -> list[Problem]:
+    """Every distinct problem the training stream of an `arithmetic:<max operand>` dataset draws, once, by prompt."""
+    if not dataset.startswith("arithmetic"):
+        raise ValueError(f"trained arithmetic problems need an arithmetic dataset, got {dataset!r}")
+    return sorted({p.prompt: p for p in load_problems(dataset, seed)}.values(), key=lambda p: p.prompt)

@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from fastrl.trainer import eval_metrics as em
-from fastrl.trainer.eval_sets import held_out_arithmetic, training_prompts
+from fastrl.trainer.eval_sets import held_out_arithmetic, trained_arithmetic, training_prompts
 from fastrl.trainer.tasks import PromptStream, load_problems
 
 
@@ -148,6 +148,13 @@ def test_held_out_arithmetic_is_never_drawn_by_the_training_stream():
     assert drawn == training_prompts(dataset, seed)
     assert not drawn & {p.prompt for p in held}
     assert held == held_out_arithmetic(dataset, seed, n=64, max_operand=19)  # a fixed set
+
+
+def test_trained_arithmetic_is_each_drawn_problem_once():
+    trained = trained_arithmetic("arithmetic:9", 0)
+    assert len(trained) == 100  # every pair (a, b) in 0..9, as 4,096 draws cover them
+    assert {p.prompt for p in trained} == training_prompts("arithmetic:9", 0)
+    assert all(int(p.answer) == sum(map(int, p.prompt[:-1].split("+"))) for p in trained)
 
 
 def test_held_out_arithmetic_says_when_the_range_is_all_trained():
