@@ -179,8 +179,9 @@ def split_microbatch(mb: dict, sp: SequenceParallel) -> dict:
         A dict with `input_ids` / `position_ids` `[rows, W']` (W' = ⌈W / N⌉, positions of the whole row),
         `attention_mask` None (right padding is causally invisible to real tokens), `gather` `[n, T']` into
         the block's `rows·W'` hidden states, `targets`, `mask`, the optional log-probs `[n, T']` (the
-        completion tokens this block predicts, left-aligned; the rest masked), `advantages` `[n]`, and
-        `spans` `[N, n, 2]` (every block's completion columns, for `gather_rows`).
+        completion tokens this block predicts, left-aligned; the rest masked), `advantages` `[n]`, the kept
+        sets' `kept_ids` / `kept_offsets` / `kept_missing` of those tokens (`_split_kept`; Nones without sets),
+        and `spans` `[N, n, 2]` (every block's completion columns, for `gather_rows`).
 
     Raises:
         ValueError: an attention mask that is not right padding.
@@ -210,7 +211,26 @@ def split_microbatch(mb: dict, sp: SequenceParallel) -> dict:
     )
     for key in ROW_KEYS[1:]:
         out[key] = None if mb[key] is None else torch.where(live, mb[key].gather(1, cols), 0.0)
+    out.update(_split_kept(mb, live, cols))
     return out
+
+
+def _split_kept(mb: dict, live: torch.Tensor, cols: torch.Tensor) -> dict:
+    """The block's part of the micro-batch's kept sets (docs/math.md §9): the CSR of its `[n, T']` rows, the ids
+    of its tokens only and the offsets rebased to them, and its tokens' `kept_missing` flags (each token on one
+    rank, so the step's sum counts it once). Three Nones when the micro-batch carries no sets."""
+    if mb.get("kept_ids") is None:
+        return dict(kept_ids=None, kept_offsets=None, kept_missing=None)
+    whole = mb["kept_offsets"]
+    tokens = (torch.arange(cols.shape[0])[:, None] * mb["targets"].shape[1] + cols).reshape(-1)
+    counts = torch.where(live.reshape(-1), whole.diff()[tokens], 0)
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=offsets[1:])
+    total = int(offsets[-1])
+    owner = torch.repeat_interleave(torch.arange(counts.numel()), counts, output_size=total)
+    source = whole[tokens][owner] + torch.arange(total) - offsets[owner]  # id j of token k: its place in the whole
+    missing = torch.where(live, mb["kept_missing"].gather(1, cols), False)
+    return dict(kept_ids=mb["kept_ids"][source], kept_offsets=offsets, kept_missing=missing)
 
 
 def gather_rows(values: torch.Tensor, shard: dict, sp: SequenceParallel) -> torch.Tensor:
@@ -258,8 +278,13 @@ def check_same_rollouts(samples: list, sp: SequenceParallel) -> None:
     """
     if sp.size == 1:
         return
-    text = repr([(s.prompt_ids, s.completion_ids, s.advantage, s.loss_mask, s.token_mask) for s in samples])
-    mine = float(zlib.crc32(text.encode()))
+    text = repr([(s.prompt_ids, s.completion_ids, s.advantage, s.loss_mask, s.token_mask, s.kept is None)
+                 for s in samples])  # fmt: skip
+    crc = zlib.crc32(text.encode())
+    for s in samples:  # the kept sets the loss replays (docs/math.md §9), as their bytes
+        if s.kept is not None:
+            crc = zlib.crc32(s.kept.ids.numpy().tobytes(), zlib.crc32(s.kept.counts.numpy().tobytes(), crc))
+    mine = float(crc)
     low, high = -dist_utils.all_reduce_max(-mine, sp.group), dist_utils.all_reduce_max(mine, sp.group)
     if low != high:
         raise RuntimeError(

@@ -21,7 +21,7 @@ normalizer is counted over the blocks of the sequence group; the rest of the ste
 Samples that carry the sampler's kept sets (`Sample.kept`, `--sampler-replay`) are scored on them (docs/math.md
 §9): the loss, the old / reference log-probs and so the ratios use the set the sampler kept, never a set found
 again from the trainer's logits; a token whose target is not in its set is left out of the loss and counted
-(`replay_missing_tokens`).
+(`replay_missing_tokens`). Under sequence parallelism each rank's block carries its tokens' sets.
 """
 
 import dataclasses
@@ -35,13 +35,14 @@ from fastrl.kernels import sampled_token_logprobs, token_logprobs
 from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss
 
 from . import distributed as dist_utils
-from .batching import Sample, collate, plan_microbatches, token_mask
+from .batching import Sample, collate, plan_microbatches
 from .fsdp import filler_sample, is_sharded, run_sharded
 from .sequence_parallel import (
     HeadGradientRows,
     SequenceParallel,
     check_token_local,
     gather_rows,
+    init_sequence_parallel,
     split_microbatch,
     step_normalizer,
 )
@@ -201,19 +202,10 @@ def _loose(budget, packed, pad_id, temperature, impl="auto", bf16=True, sampler=
     return StepSettings(loss, budget, packed, pad_id, impl=impl, bf16=bf16)
 
 
-def _global_normalizer(samples: list[Sample], loss_agg: str) -> float:
-    """Tokens (token-mean) or sequences (seq-mean-*) that carry loss in this step, over all ranks."""
-    live = [s for s in samples if s.loss_mask]
-    local = sum(sum(token_mask(s)) for s in live) if loss_agg == "token-mean" else len(live)
-    return dist_utils.all_reduce_sum(float(local))
-
-
 def _batches(model, samples: list[Sample], s: StepSettings, filler: Sample):
     """(micro-batch, its samples) pairs of `_plan`, collated; under sequence parallelism, this rank's block."""
     for seqs in _plan(model, samples, s.budget, s.packed, filler):
         mb = collate(seqs, s.packed, s.pad_id)
-        if s.sequence is not None and mb["kept_ids"] is not None:
-            raise ValueError("replaying the sampler's kept sets is not supported with sequence parallelism")
         yield (mb if s.sequence is None else split_microbatch(mb, s.sequence)), seqs
 
 
@@ -235,13 +227,12 @@ def train_step(model, optimizer, samples: list[Sample], settings: StepSettings, 
         tile_mlps(model)
     sums = dict.fromkeys(("loss", "num_tokens", "replay_missing_tokens") + METRIC_KEYS, 0.0)
     filler = filler_sample(s.pad_id, ref=s.loss.beta > 0, rollout=s.loss.is_cap is not None)
-    batches = _batches(model, samples, s, filler)
-    if s.sequence is None:
-        normalizer = _global_normalizer(samples, s.loss.loss_agg)
-    else:  # counted over the blocks of the sequence group (this rank holds 1/N of each micro-batch)
-        batches = list(batches)
-        live = sum(1 for sample in samples if sample.loss_mask)
-        normalizer = step_normalizer([mb for mb, _ in batches], s.loss.loss_agg, live, s.sequence)
+    batches = list(_batches(model, samples, s, filler))
+    # the collated masks: without a token the loss leaves out (a target missing from its kept set); under
+    # sequence parallelism, counted over the blocks of the sequence group (this rank holds 1/N of each micro-batch)
+    live = sum(1 for sample in samples if sample.loss_mask)
+    sequence = s.sequence or init_sequence_parallel(1)
+    normalizer = step_normalizer([mb for mb, _ in batches], s.loss.loss_agg, live, sequence)
     # under sequence parallelism each rank keeps its rows of the head's gradient, summed over the group
     split = s.sequence is not None and s.sequence.size > 1 and not is_sharded(model)  # FSDP shards it already
     head_rows = HeadGradientRows(s.sequence) if split else None
