@@ -38,6 +38,7 @@ __all__ = [
     "check_same_rollouts",
     "check_token_local",
     "gather_rows",
+    "group_ranks",
     "init_sequence_parallel",
     "split_microbatch",
     "step_normalizer",
@@ -93,14 +94,20 @@ def init_sequence_parallel(size: int) -> SequenceParallel:
     if size == 1:  # every rank its own replica: the data-parallel group is the world
         return SequenceParallel(1, 0, None, world, rank, None)
     timeout = _world_timeout()
-    group = dp_group = None
-    for d in range(dp_size):  # every rank creates every group, in the same order
-        g = dist.new_group(list(range(d * size, (d + 1) * size)), timeout=timeout)
-        group = g if d == rank // size else group
-    for s in range(size):  # a real group even of one rank: None would mean the world
-        g = dist.new_group(list(range(s, world, size)), timeout=timeout)
-        dp_group = g if s == rank % size else dp_group
+    sequence_ranks, dp_ranks = group_ranks(world, size)
+    # every rank creates every group, in the same order; a data-parallel group is a real group even of one rank
+    # (None would mean the world)
+    groups = [dist.new_group(ranks, timeout=timeout) for ranks in sequence_ranks + dp_ranks]
+    group = next(g for g, ranks in zip(groups, sequence_ranks) if rank in ranks)
+    dp_group = next(g for g, ranks in zip(groups[len(sequence_ranks) :], dp_ranks) if rank in ranks)
     return SequenceParallel(size, rank % size, group, dp_size, rank // size, dp_group)
+
+
+def group_ranks(world: int, size: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(sequence groups, data-parallel groups) as rank lists: `size` consecutive ranks split one replica's
+    sequences; the ranks holding block `s` of every replica, `s, s + size, ...`, sum over the replicas."""
+    sequence = [list(range(d * size, (d + 1) * size)) for d in range(world // size)]
+    return sequence, [list(range(s, world, size)) for s in range(size)]
 
 
 def check_token_local(config: LossConfig) -> None:

@@ -22,6 +22,7 @@ import sys
 
 import pytest
 import torch
+from _batches import qwen2
 from _spawn import spawn
 
 from fastrl.kernels import take_weight_gradient
@@ -53,23 +54,6 @@ CASES = [  # (name, key/value heads, packed, fsdp, replay the kept sets)
     ("mqa-padded-fsdp-replay", 1, False, True, True),
 ]
 PLANTS = ("labels", "positions", "normalizer", "head_rows")
-
-
-def qwen2(kv_heads: int):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=kv_heads, max_position_embeddings=128, tie_word_embeddings=False,
-    )  # fmt: skip
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):  # zero at initialisation: make the q/k/v biases count
-                p.normal_(0, 0.1)
-    return model
 
 
 def batch() -> list[Sample]:
