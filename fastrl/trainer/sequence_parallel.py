@@ -45,11 +45,6 @@ __all__ = [
 ]
 
 ROW_KEYS = ("targets", "mask", "old_logprobs", "ref_logprobs", "rollout_logprobs")
-# plants a test switches on to watch its checks fail: "labels" (shifted within a shard), "positions"
-# (restarted at every shard), "normalizer" (the shard's own tokens, not the group's), "head_rows" (every
-# rank's block of the head's gradient added to the first block's rows), "head_rows_bf16" (a bf16 head
-# gradient summed in bf16)
-PLANTED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -159,8 +154,6 @@ def _shard_positions(position_ids: torch.Tensor, sp: SequenceParallel, block: in
     pad = _padded_width(width, sp.size) - width
     # padding continues the last sequence of the row: after every real token, so causally invisible to them
     full = torch.cat([position_ids, position_ids[:, -1:] + torch.arange(1, pad + 1)], 1)
-    if "positions" in PLANTED:
-        return torch.arange(block).expand(full.shape[0], block)
     return full[:, sp.rank * block : (sp.rank + 1) * block]
 
 
@@ -169,8 +162,6 @@ def _shard_labels(input_ids: torch.Tensor, sp: SequenceParallel, block: int) -> 
     width = input_ids.shape[1]
     full = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], _padded_width(width, sp.size) - width)], 1)
     ids = full[:, sp.rank * block : (sp.rank + 1) * block]
-    if "labels" in PLANTED:
-        return ids, ids.roll(-1, 1)
     labels = torch.cat([full[:, 1:], full.new_full((full.shape[0], 1), IGNORE_INDEX)], 1)
     return ids, labels[:, sp.rank * block : (sp.rank + 1) * block]
 
@@ -272,7 +263,7 @@ def step_normalizer(shards: list[dict], loss_agg: str, live_sequences: int, sp: 
     """
     count_tokens = loss_agg == "token-mean"
     local = float(sum(float(s["mask"].sum()) for s in shards)) if count_tokens else float(live_sequences)
-    if count_tokens and sp.size > 1 and "normalizer" not in PLANTED:
+    if count_tokens and sp.size > 1:
         local = dist_utils.all_reduce_sum(local, sp.group)
     return dist_utils.all_reduce_sum(local, sp.dp_group)
 
@@ -326,15 +317,15 @@ class HeadGradientRows:
         if d_weight is None or holders != self.sp.size:
             raise RuntimeError(f"{holders:.0f} of the sequence group's {self.sp.size} losses hold a head gradient")
         blocks, group = list(torch.tensor_split(d_weight, self.sp.size)), self.sp.group
-        if d_weight.dtype == torch.float32 and "head_rows_bf16" not in PLANTED:
+        if d_weight.dtype == torch.float32:
             mine = torch.empty_like(blocks[self.sp.rank])
             dist.reduce_scatter(mine, blocks, group=group)
         else:  # summed in float32 as the step's all-reduce sums gradients: one float32 block at a time
             for j, block in enumerate(blocks):
-                total = block.float() if "head_rows_bf16" not in PLANTED else block.clone()
+                total = block.float()
                 dist.reduce(total, dst=dist.get_global_rank(group, j), group=group)
                 if j == self.sp.rank:
-                    mine = total.float()
+                    mine = total
         del d_weight, blocks
         self.rows = mine if self.rows is None else self.rows.add_(mine)
 
@@ -344,6 +335,5 @@ class HeadGradientRows:
             return
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
-        block = 0 if "head_rows" in PLANTED else self.sp.rank
-        torch.tensor_split(weight.grad, self.sp.size)[block].add_(self.rows.to(weight.grad.dtype))
+        torch.tensor_split(weight.grad, self.sp.size)[self.sp.rank].add_(self.rows.to(weight.grad.dtype))
         self.rows = None

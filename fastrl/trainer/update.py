@@ -79,15 +79,9 @@ class StepSettings:
                    config.bf16, config.log_entropy, sequence)  # fmt: skip
 
 
-def _settings(settings, legacy: dict) -> StepSettings:
-    """`settings`, or the loose form `(loss_config, budget=..., packed=..., pad_id=..., ...)` as one."""
-    if isinstance(settings, LossConfig):
-        return StepSettings(settings, **legacy)
-    if legacy:
-        raise TypeError(f"pass the step's settings in the StepSettings, not as {sorted(legacy)}")
+def _check_settings(settings) -> None:
     if not isinstance(settings, StepSettings):
         raise TypeError(f"settings must be a StepSettings, got {type(settings).__name__}")
-    return settings
 
 
 def supports_packing(model) -> bool:
@@ -173,16 +167,11 @@ def _logprobs(model, mb: dict, bf16: bool, temperature: float, impl: str, sample
 
 
 @torch.no_grad()
-def sequence_logprobs(model, samples: list[Sample], settings: StepSettings, *legacy, **legacy_kw) -> list[list[float]]:
+def sequence_logprobs(model, samples: list[Sample], settings: StepSettings) -> list[list[float]]:
     """Log-probs of each sample's completion tokens under `model` (no grad, fused path, same budget), at the
-    loss's temperature and sampler (docs/math.md §8).
-
-    The loose form `sequence_logprobs(model, samples, budget, packed, pad_id, temperature, impl="auto", bf16=True,
-    sampler=None)` is accepted too.
-    """
+    loss's temperature and sampler (docs/math.md §8, `settings.loss`); kept sets, where the samples carry them."""
+    _check_settings(settings)
     s = settings
-    if legacy or legacy_kw or not isinstance(s, StepSettings):
-        s = _loose(s, *legacy, **legacy_kw)
     args = (s.bf16, s.loss.temperature, s.impl, sampler_options(s.loss))
     rows: list[list[float]] = []
     with _sequence_parallel(model, s):
@@ -197,11 +186,6 @@ def sequence_logprobs(model, samples: list[Sample], settings: StepSettings, *leg
     return out
 
 
-def _loose(budget, packed, pad_id, temperature, impl="auto", bf16=True, sampler=None) -> StepSettings:
-    loss = LossConfig(temperature=temperature, **(sampler or {}))
-    return StepSettings(loss, budget, packed, pad_id, impl=impl, bf16=bf16)
-
-
 def _batches(model, samples: list[Sample], s: StepSettings, filler: Sample):
     """(micro-batch, its samples) pairs of `_plan`, collated; under sequence parallelism, this rank's block."""
     for seqs in _plan(model, samples, s.budget, s.packed, filler):
@@ -214,14 +198,16 @@ def _sequence_parallel(model, s: StepSettings):
     return nullcontext() if s.sequence is None else ulysses(model, s.sequence)
 
 
-def train_step(model, optimizer, samples: list[Sample], settings: StepSettings, **legacy) -> dict:
+def train_step(model, optimizer, samples: list[Sample], settings: StepSettings) -> dict:
     """One optimizer step on this rank's `samples` (a shard of the step's batch). Returns step metrics.
 
-    `settings` is a `StepSettings` (the loose form `train_step(model, optimizer, samples, loss_config, budget=...,
-    packed=..., pad_id=..., ...)` with its field names is accepted too). The caller steps the LR scheduler. Every
-    rank must call this, even with no samples (the collectives must match).
+    The caller steps the LR scheduler. Every rank must call this, even with no samples (the collectives must match).
+
+    Raises:
+        TypeError: `settings` not a `StepSettings`.
     """
-    s = _settings(settings, legacy)
+    _check_settings(settings)
+    s = settings
     model.zero_grad(set_to_none=True)
     if not is_sharded(model):  # long micro-batches: the MLPs' activations about a thousand tokens at a time
         tile_mlps(model)

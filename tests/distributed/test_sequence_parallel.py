@@ -6,8 +6,8 @@ lengths (odd widths: the last block is padded), with and without FSDP2. Each cas
 with sequence parallel 2 (`train_step` and `sequence_logprobs` with `StepSettings(sequence=...)`) and
 compares, with the 1-process `train_step` on the same samples, the loss and
 entropy of each step, the gradients, the parameters after them and the per-token log-probs. The same
-launch reruns one case with each planted bug of `sequence_parallel.PLANTED` and those results must differ,
-and sums a bf16 head's gradient over the group (in float32; the planted bf16 sum must differ).
+launch reruns one case with each bug of `PLANTS` monkeypatched in and those results must differ, and sums a
+bf16 head's gradient over the group (in float32; a sum planted in bf16 must differ).
 
 The replay cases give every completion token the set a top-k 6 + top-p 0.9 sampler keeps from the initial
 model (docs/math.md §9), its target added, except one token whose target is left out (`replay_missing_tokens`
@@ -15,6 +15,7 @@ must be 1 on both runs, counted once); each rank's block then carries its tokens
 sets are refused by the same-rollout check.
 """
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from _spawn import spawn
 from fastrl.kernels import take_weight_gradient
 from fastrl.losses import LossConfig, grpo_loss
 from fastrl.trainer import sequence_parallel as seqpar
+from fastrl.trainer import update
 from fastrl.trainer.batching import KeptSets, Sample, collate
 from fastrl.trainer.fsdp import shard_model
 from fastrl.trainer.metrics import read_metrics
@@ -53,7 +55,55 @@ CASES = [  # (name, key/value heads, packed, fsdp, replay the kept sets)
     ("gqa-packed-replay", 2, True, False, True),
     ("mqa-padded-fsdp-replay", 1, False, True, True),
 ]
-PLANTS = ("labels", "positions", "normalizer", "head_rows")
+
+
+def _labels_shifted_within_the_block(mp):
+    real = seqpar._shard_labels
+
+    def planted(input_ids, sp, block):
+        ids, _ = real(input_ids, sp, block)
+        return ids, ids.roll(-1, 1)
+
+    mp.setattr(seqpar, "_shard_labels", planted)
+
+
+def _positions_restarted_in_every_block(mp):
+    mp.setattr(seqpar, "_shard_positions", lambda ids, sp, block: torch.arange(block).expand(ids.shape[0], block))
+
+
+def _normalizer_of_the_block_alone(mp):
+    real = update.step_normalizer
+    mp.setattr(update, "step_normalizer", lambda *args: real(*args[:-1], dataclasses.replace(args[-1], size=1)))
+
+
+def _head_rows_all_at_the_first_block(mp):
+    real = seqpar.HeadGradientRows.add_to
+
+    def planted(self, weight):
+        self.sp = dataclasses.replace(self.sp, rank=0)
+        real(self, weight)
+
+    mp.setattr(seqpar.HeadGradientRows, "add_to", planted)
+
+
+def _head_rows_summed_in_bf16(mp):
+    real = seqpar.dist.reduce
+
+    def planted(tensor, *args, **kwargs):
+        low = tensor.bfloat16()
+        work = real(low, *args, **kwargs)
+        tensor.copy_(low)
+        return work
+
+    mp.setattr(seqpar.dist, "reduce", planted)
+
+
+PLANTS = {  # bugs the comparison must catch, monkeypatched into the ranks one at a time
+    "labels": _labels_shifted_within_the_block,
+    "positions": _positions_restarted_in_every_block,
+    "normalizer": _normalizer_of_the_block_alone,
+    "head_rows": _head_rows_all_at_the_first_block,
+}
 
 
 def batch() -> list[Sample]:
@@ -136,12 +186,10 @@ def _worker(rank, world, out_dir):
             with ulysses(model, sp):
                 inside = model.generate(prompt, max_new_tokens=4, do_sample=False)
             results["generate"] = (before, inside, model.config._attn_implementation)
-    for plant in PLANTS:
-        seqpar.PLANTED.add(plant)
-        try:
+    for plant, install in PLANTS.items():
+        with pytest.MonkeyPatch.context() as mp:
+            install(mp)
             results[plant] = run_case(2, True, False, sp)[0]
-        finally:
-            seqpar.PLANTED.discard(plant)
     results["bf16_head_rows"] = bf16_head_rows(sp)
     samples = replay_batch()
     check_same_rollouts(samples, sp)
@@ -149,11 +197,9 @@ def _worker(rank, world, out_dir):
         samples[0].kept = KeptSets.of([[9]] + [[t] for t in samples[0].completion_ids[1:]])
     with pytest.raises(RuntimeError, match="different rollouts"):
         check_same_rollouts(samples, sp)
-    seqpar.PLANTED.add("head_rows_bf16")
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        _head_rows_summed_in_bf16(mp)
         results["bf16_head_rows_planted"] = bf16_head_rows(sp)
-    finally:
-        seqpar.PLANTED.discard("head_rows_bf16")
     torch.save(results, f"{out_dir}/rank{rank}.pt")
 
 

@@ -51,19 +51,13 @@ def test_packed_and_padded_steps_agree():
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
 
 
-def test_the_loose_keyword_form_is_the_same_step():
-    def delta(*settings, **loose):
-        model = tiny_model(64, hidden_size=32, num_layers=2, num_heads=4, seed=0)
-        before = [p.detach().clone() for p in model.parameters()]
-        train_step(model, torch.optim.SGD(model.parameters(), lr=1.0), make_samples(), *settings, **loose)
-        return [b - p.detach() for b, p in zip(before, model.parameters())]
-
-    settings = StepSettings(LossConfig(), 20, True, 0, max_grad_norm=0.5, log_entropy=False)
-    loose = delta(LossConfig(), budget=20, packed=True, pad_id=0, max_grad_norm=0.5, log_entropy=False)
-    for a, b in zip(delta(settings), loose):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    with pytest.raises(TypeError, match="budget"):
-        delta(settings, budget=20)
+def test_the_step_takes_its_settings_only_as_one_object():
+    model = tiny_model(64, hidden_size=32, num_layers=2, num_heads=4, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    with pytest.raises(TypeError, match="settings must be a StepSettings, got LossConfig"):
+        train_step(model, opt, make_samples(), LossConfig())
+    with pytest.raises(TypeError, match="settings must be a StepSettings, got int"):
+        sequence_logprobs(model, make_samples(), 20)
     with pytest.raises(ValueError, match="budget must be a positive int"):
         StepSettings(LossConfig(), 0, True, 0)
 
