@@ -11,7 +11,8 @@ all-to-all turns the sequence split into a head split, so each rank attends over
 The head and the loss stay local: a rank scores the completion tokens whose predicting hidden state lies
 in its block, in the same one-row-per-sequence layout the loss always sees (a sequence's tokens in the
 block form its row, the rest is masked). Position p predicts token p + 1 of the whole row, so the target
-of a block's last position is the first token of the next block. Every term of the loss is then a sum
+of a block's last position is the first token of the next block. The sampler's kept sets (docs/math.md §9)
+follow their tokens: a block carries the CSR of its own tokens' sets. Every term of the loss is then a sum
 over tokens divided by the step's global normalizer (docs/math.md §3), counted over the sequence group:
 the ranks' losses add up to the replica's, and their gradients (summed over all ranks, as in plain data
 parallelism) to its gradient. Terms that need a whole sequence (GSPO's sequence ratio, sequence-level IS,
