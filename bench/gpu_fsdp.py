@@ -31,7 +31,7 @@ def main(dry_run: bool) -> dict:
     import transformers
 
     from fastrl.trainer.fsdp import shard_model
-    from fastrl.trainer.update import train_step
+    from fastrl.trainer.update import StepSettings, train_step
 
     device = torch.device("cpu" if dry_run else "cuda")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -55,8 +55,9 @@ def main(dry_run: bool) -> dict:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        metrics = train_step(model, opt, samples, LossConfig(loss_agg="token-mean"), budget=4096 if not dry_run else 64,
-                             packed=True, pad_id=0, bf16=not dry_run, impl="auto")  # fmt: skip
+        settings = StepSettings(LossConfig(loss_agg="token-mean"), 4096 if not dry_run else 64, True, 0, impl="auto",
+                                bf16=not dry_run)  # fmt: skip
+        metrics = train_step(model, opt, samples, settings)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start

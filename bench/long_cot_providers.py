@@ -73,10 +73,11 @@ def fastrl_step(opts):
     """(model, step): the trainer's own build and update code, with the math-32k preset's update settings."""
     import torch
 
+    from fastrl.losses import LossConfig
     from fastrl.trainer.batching import Sample
     from fastrl.trainer.build import build_model, make_adamw
     from fastrl.trainer.config import make_config
-    from fastrl.trainer.update import sequence_logprobs, supports_packing, train_step
+    from fastrl.trainer.update import StepSettings, sequence_logprobs, supports_packing, train_step
 
     config = make_config(
         preset="math-32k", model=opts.model_dir, max_prompt_length=opts.prompt_length,
@@ -92,17 +93,16 @@ def fastrl_step(opts):
         return [Sample(prompt.tolist(), c.tolist(), float(a)) for c, a in zip(completions, advantages)]
 
     def score(length):  # the trainer's own scoring of the completion tokens
-        logp = sequence_logprobs(model, samples(length), config.max_tokens_per_microbatch, packed,
-                                 tokenizer.pad_token_id, config.loss.temperature, config.impl, bf16=False)  # fmt: skip
+        loss = LossConfig(temperature=config.loss.temperature)
+        budget = config.max_tokens_per_microbatch
+        settings = StepSettings(loss, budget, packed, tokenizer.pad_token_id, impl=config.impl, bf16=False)
+        logp = sequence_logprobs(model, samples(length), settings)
         return torch.tensor(logp)
 
     def step(length):
         model.train()
-        out = train_step(
-            model, optimizer, samples(length), config.loss, budget=config.max_tokens_per_microbatch, packed=packed,
-            pad_id=tokenizer.pad_token_id, max_grad_norm=config.max_grad_norm, impl=config.impl, bf16=config.bf16,
-            log_entropy=config.log_entropy,
-        )  # fmt: skip
+        settings = StepSettings.from_config(config, packed, tokenizer.pad_token_id)
+        out = train_step(model, optimizer, samples(length), settings)
         return out["loss"]
 
     return model, optimizer, step, score

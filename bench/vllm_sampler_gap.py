@@ -18,11 +18,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from fastrl.losses import LossConfig  # noqa: E402
 from fastrl.trainer.batching import Sample  # noqa: E402
 from fastrl.trainer.build import build_model  # noqa: E402
 from fastrl.trainer.config import make_config  # noqa: E402
 from fastrl.trainer.rollout import make_engine  # noqa: E402
-from fastrl.trainer.update import sampler_options, sequence_logprobs  # noqa: E402
+from fastrl.trainer.update import StepSettings, sampler_options, sequence_logprobs  # noqa: E402
 
 
 def main() -> None:
@@ -50,8 +51,9 @@ def main() -> None:
     out = {"top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p, "temperature": args.temperature,
            "tokens": int(vllm.numel())}  # fmt: skip
     for name, sampler in (("full_softmax", None), ("sampler_truncated", sampler_options(config.loss))):
-        lp = sequence_logprobs(model, samples, 1 << 20, False, tokenizer.pad_token_id, config.temperature, "torch",
-                               False, sampler)  # fmt: skip
+        loss = LossConfig(temperature=config.temperature, **(sampler or {}))
+        lp = sequence_logprobs(model, samples, StepSettings(loss, 1 << 20, False, tokenizer.pad_token_id, impl="torch",
+                                                            bf16=False))  # fmt: skip
         gap = (torch.tensor([x for row in lp for x in row]) - vllm).abs()
         out[name] = {"mean_abs_gap": float(gap.mean()), "max_abs_gap": float(gap.max())}
     print(json.dumps(out))

@@ -8,12 +8,15 @@
 - the fastrl.integrations package (the peers' loss configs) loads no peer, no trainer: neither trl, verl,
   deepspeed, transformers' Trainer nor fastrl.trainer (also checked in a fresh interpreter);
 - no import cycle among fastrl's modules (imports inside functions included, relative imports resolved);
-- no module over 400 lines; every package `__init__` declares `__all__`.
+- no module over 400 lines; every package `__init__` declares `__all__`;
+- no test switch in the package: no identifier or environment-variable name that plants a fault or keeps an
+  argument form for old callers (tests monkeypatch a fault in from the test instead).
 """
 
 import ast
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -268,3 +271,64 @@ def test_test_folders_shadow_no_package():
     peers |= {"math_verify", "sympy", "datasets", "accelerate", "fastrl"}
     shadowing = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_dir() and p.name in peers)
     assert not shadowing, shadowing
+
+
+# Words of an identifier (split at "_" and case changes) that name a test switch: a planted fault, or an argument
+# form kept for old callers. An environment variable's name is also refused with "test" in it.
+SWITCH_WORDS = {"plant", "planted", "plants", "inject", "injected", "sabotage", "legacy", "loose"}
+ENV_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
+
+
+def _words(name: str) -> set[str]:
+    return {w.lower() for w in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+", name)}
+
+
+def _test_switches(source: str) -> list[str]:
+    """`line N: name` for each identifier (names, attributes, definitions, parameters, keywords, import aliases)
+    and each environment-variable-like string constant of `source` that names a test switch."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        words = SWITCH_WORDS
+        if isinstance(node, ast.Name):
+            name = node.id
+        elif isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = node.name
+        elif isinstance(node, ast.arg):
+            name = node.arg
+        elif isinstance(node, (ast.keyword, ast.alias)):
+            name = node.arg if isinstance(node, ast.keyword) else node.asname or node.name.rpartition(".")[2]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and ENV_NAME.fullmatch(node.value):
+            name, words = node.value, SWITCH_WORDS | {"test", "testing"}
+        else:
+            continue
+        if name and _words(name) & words:
+            found.append(f"line {node.lineno}: {name}")
+    return found
+
+
+def test_no_test_switch_in_the_package():
+    found = {name: hits for name, path in MODULES.items() if (hits := _test_switches(path.read_text(encoding="utf-8")))}
+    assert not found, found
+
+
+def test_the_switch_finder_finds_planted_flags_and_loose_forms():
+    planted = """
+import os
+PLANTED: set[str] = set()
+def labels(ids):
+    return ids.roll(1) if "labels" in PLANTED else ids
+def step(model, settings, **legacy):
+    return _loose(settings, **legacy)
+def sequence_logprobs(model, samples, settings, *legacy, **legacy_kw):
+    pass
+BUG = os.environ.get("FASTRL_TEST_BUG")
+def shard(x, injectFault=False):
+    pass
+"""
+    found = [hit.partition(": ")[2] for hit in _test_switches(planted)]
+    assert found.count("PLANTED") == 2 and found.count("legacy") == 3 and "_loose" in found, found
+    assert {"legacy_kw", "FASTRL_TEST_BUG", "injectFault"} <= set(found), found
+    clean = "def run(default_settings, loss, settings_plain, plan):\n    return os.environ.get('FASTRL_CHUNK_BYTES')\n"
+    assert not _test_switches(clean)

@@ -127,6 +127,37 @@ def _pad(rows: list[list[float]], width: int, value: float, dtype) -> torch.Tens
     return out
 
 
+def _layout(full: list[list[int]], packed: bool, pad_id: int):
+    """(input_ids, position_ids, attention_mask, each sequence's first flat position) of the model's input."""
+    if packed and len({len(f) for f in full}) > 1:
+        width = sum(len(f) for f in full)
+        input_ids = torch.tensor([t for f in full for t in f], dtype=torch.long).view(1, width)
+        position_ids = torch.cat([torch.arange(len(f)) for f in full]).view(1, width)
+        starts = torch.tensor([0] + [len(f) for f in full[:-1]]).cumsum(0).tolist()
+        return input_ids, position_ids, None, starts
+    width = max(len(f) for f in full)
+    position_ids = torch.arange(width).expand(len(full), width)
+    starts = [i * width for i in range(len(full))]
+    if packed:
+        # Equal lengths (a group's truncated completions, say): one row per sequence is the packed layout
+        # without the padding, and without a block mask; SDPA then runs its causal kernel instead of a
+        # materialized [T, T] mask over the packed row (4x the attention work for two sequences, and
+        # (sum of lengths)^2 mask bytes).
+        return torch.tensor(full, dtype=torch.long), position_ids, None, starts
+    attention_mask = _pad([[1] * len(f) for f in full], width, 0, torch.long)
+    return _pad(full, width, pad_id, torch.long), position_ids, attention_mask, starts
+
+
+def _optional_rows(seqs: list[Sample], name: str, tc: int) -> torch.Tensor | None:
+    """The samples' per-token `name` (log-probs) as `[n, Tc]`, or None when no sample has them."""
+    rows = [getattr(s, name) for s in seqs]
+    if all(r is None for r in rows):
+        return None
+    if any(r is None for r in rows):
+        raise ValueError(f"{name} is set for some sequences of the micro-batch but not all")
+    return _pad(rows, tc, 0.0, torch.float32)
+
+
 def collate(seqs: list[Sample], packed: bool, pad_id: int) -> dict:
     """Model inputs and loss tensors for one micro-batch.
 
@@ -140,48 +171,15 @@ def collate(seqs: list[Sample], packed: bool, pad_id: int) -> dict:
     or three Nones when the samples carry no kept sets.
     """
     full = [s.prompt_ids + s.completion_ids for s in seqs]
+    input_ids, position_ids, attention_mask, starts = _layout(full, packed, pad_id)
     tc = max(len(s.completion_ids) for s in seqs)
     gather = torch.zeros((len(seqs), tc), dtype=torch.long)
-    if packed and len({len(f) for f in full}) == 1:
-        # Equal lengths (a group's truncated completions, say): one row per sequence is the packed layout
-        # without the padding, and without a block mask; SDPA then runs its causal kernel instead of a
-        # materialized [T, T] mask over the packed row (4x the attention work for two sequences, and
-        # (sum of lengths)^2 mask bytes).
-        width = len(full[0])
-        input_ids = torch.tensor(full, dtype=torch.long)
-        position_ids = torch.arange(width).expand(len(full), width)
-        attention_mask = None
-        starts = [i * width for i in range(len(full))]
-    elif packed:
-        width = sum(len(f) for f in full)
-        input_ids = torch.tensor([t for f in full for t in f], dtype=torch.long).view(1, width)
-        position_ids = torch.cat([torch.arange(len(f)) for f in full]).view(1, width)
-        attention_mask = None
-        starts, offset = [], 0
-        for f in full:
-            starts.append(offset)
-            offset += len(f)
-    else:
-        width = max(len(f) for f in full)
-        input_ids = _pad(full, width, pad_id, torch.long)
-        position_ids = torch.arange(width).expand(len(full), width)
-        attention_mask = _pad([[1] * len(f) for f in full], width, 0, torch.long)
-        starts = [i * width for i in range(len(full))]
     for i, s in enumerate(seqs):
         first = starts[i] + len(s.prompt_ids) - 1  # hidden state that predicts the first completion token
         n = len(s.completion_ids)
         gather[i, :n] = torch.arange(first, first + n)
         gather[i, n:] = first  # any valid index; masked out
     mask = _pad([token_mask(s) for s in seqs], tc, 0.0, torch.float32)
-
-    def optional(name):
-        rows = [getattr(s, name) for s in seqs]
-        if all(r is None for r in rows):
-            return None
-        if any(r is None for r in rows):
-            raise ValueError(f"{name} is set for some sequences of the micro-batch but not all")
-        return _pad(rows, tc, 0.0, torch.float32)
-
     targets = _pad([s.completion_ids for s in seqs], tc, 0, torch.long)
     kept_ids, kept_offsets, missing = kept_csr(seqs, tc, targets, mask)
     if missing is not None:
@@ -194,9 +192,9 @@ def collate(seqs: list[Sample], packed: bool, pad_id: int) -> dict:
         targets=targets,
         mask=mask,
         advantages=torch.tensor([s.advantage for s in seqs], dtype=torch.float32),
-        old_logprobs=optional("old_logprobs"),
-        ref_logprobs=optional("ref_logprobs"),
-        rollout_logprobs=optional("rollout_logprobs"),
+        old_logprobs=_optional_rows(seqs, "old_logprobs", tc),
+        ref_logprobs=_optional_rows(seqs, "ref_logprobs", tc),
+        rollout_logprobs=_optional_rows(seqs, "rollout_logprobs", tc),
         kept_ids=kept_ids,
         kept_offsets=kept_offsets,
         kept_missing=missing,

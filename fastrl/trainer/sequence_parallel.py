@@ -11,7 +11,8 @@ all-to-all turns the sequence split into a head split, so each rank attends over
 The head and the loss stay local: a rank scores the completion tokens whose predicting hidden state lies
 in its block, in the same one-row-per-sequence layout the loss always sees (a sequence's tokens in the
 block form its row, the rest is masked). Position p predicts token p + 1 of the whole row, so the target
-of a block's last position is the first token of the next block. Every term of the loss is then a sum
+of a block's last position is the first token of the next block. The sampler's kept sets (docs/math.md §9)
+follow their tokens: a block carries the CSR of its own tokens' sets. Every term of the loss is then a sum
 over tokens divided by the step's global normalizer (docs/math.md §3), counted over the sequence group:
 the ranks' losses add up to the replica's, and their gradients (summed over all ranks, as in plain data
 parallelism) to its gradient. Terms that need a whole sequence (GSPO's sequence ratio, sequence-level IS,
@@ -38,17 +39,13 @@ __all__ = [
     "check_same_rollouts",
     "check_token_local",
     "gather_rows",
+    "group_ranks",
     "init_sequence_parallel",
     "split_microbatch",
     "step_normalizer",
 ]
 
 ROW_KEYS = ("targets", "mask", "old_logprobs", "ref_logprobs", "rollout_logprobs")
-# plants a test switches on to watch its checks fail: "labels" (shifted within a shard), "positions"
-# (restarted at every shard), "normalizer" (the shard's own tokens, not the group's), "head_rows" (every
-# rank's block of the head's gradient added to the first block's rows), "head_rows_bf16" (a bf16 head
-# gradient summed in bf16)
-PLANTED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -93,14 +90,20 @@ def init_sequence_parallel(size: int) -> SequenceParallel:
     if size == 1:  # every rank its own replica: the data-parallel group is the world
         return SequenceParallel(1, 0, None, world, rank, None)
     timeout = _world_timeout()
-    group = dp_group = None
-    for d in range(dp_size):  # every rank creates every group, in the same order
-        g = dist.new_group(list(range(d * size, (d + 1) * size)), timeout=timeout)
-        group = g if d == rank // size else group
-    for s in range(size):  # a real group even of one rank: None would mean the world
-        g = dist.new_group(list(range(s, world, size)), timeout=timeout)
-        dp_group = g if s == rank % size else dp_group
+    sequence_ranks, dp_ranks = group_ranks(world, size)
+    # every rank creates every group, in the same order; a data-parallel group is a real group even of one rank
+    # (None would mean the world)
+    groups = [dist.new_group(ranks, timeout=timeout) for ranks in sequence_ranks + dp_ranks]
+    group = next(g for g, ranks in zip(groups, sequence_ranks) if rank in ranks)
+    dp_group = next(g for g, ranks in zip(groups[len(sequence_ranks) :], dp_ranks) if rank in ranks)
     return SequenceParallel(size, rank % size, group, dp_size, rank // size, dp_group)
+
+
+def group_ranks(world: int, size: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(sequence groups, data-parallel groups) as rank lists: `size` consecutive ranks split one replica's
+    sequences; the ranks holding block `s` of every replica, `s, s + size, ...`, sum over the replicas."""
+    sequence = [list(range(d * size, (d + 1) * size)) for d in range(world // size)]
+    return sequence, [list(range(s, world, size)) for s in range(size)]
 
 
 def check_token_local(config: LossConfig) -> None:
@@ -152,8 +155,6 @@ def _shard_positions(position_ids: torch.Tensor, sp: SequenceParallel, block: in
     pad = _padded_width(width, sp.size) - width
     # padding continues the last sequence of the row: after every real token, so causally invisible to them
     full = torch.cat([position_ids, position_ids[:, -1:] + torch.arange(1, pad + 1)], 1)
-    if "positions" in PLANTED:
-        return torch.arange(block).expand(full.shape[0], block)
     return full[:, sp.rank * block : (sp.rank + 1) * block]
 
 
@@ -162,8 +163,6 @@ def _shard_labels(input_ids: torch.Tensor, sp: SequenceParallel, block: int) -> 
     width = input_ids.shape[1]
     full = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], _padded_width(width, sp.size) - width)], 1)
     ids = full[:, sp.rank * block : (sp.rank + 1) * block]
-    if "labels" in PLANTED:
-        return ids, ids.roll(-1, 1)
     labels = torch.cat([full[:, 1:], full.new_full((full.shape[0], 1), IGNORE_INDEX)], 1)
     return ids, labels[:, sp.rank * block : (sp.rank + 1) * block]
 
@@ -179,8 +178,9 @@ def split_microbatch(mb: dict, sp: SequenceParallel) -> dict:
         A dict with `input_ids` / `position_ids` `[rows, W']` (W' = ⌈W / N⌉, positions of the whole row),
         `attention_mask` None (right padding is causally invisible to real tokens), `gather` `[n, T']` into
         the block's `rows·W'` hidden states, `targets`, `mask`, the optional log-probs `[n, T']` (the
-        completion tokens this block predicts, left-aligned; the rest masked), `advantages` `[n]`, and
-        `spans` `[N, n, 2]` (every block's completion columns, for `gather_rows`).
+        completion tokens this block predicts, left-aligned; the rest masked), `advantages` `[n]`, the kept
+        sets' `kept_ids` / `kept_offsets` / `kept_missing` of those tokens (`_split_kept`; Nones without sets),
+        and `spans` `[N, n, 2]` (every block's completion columns, for `gather_rows`).
 
     Raises:
         ValueError: an attention mask that is not right padding.
@@ -210,7 +210,26 @@ def split_microbatch(mb: dict, sp: SequenceParallel) -> dict:
     )
     for key in ROW_KEYS[1:]:
         out[key] = None if mb[key] is None else torch.where(live, mb[key].gather(1, cols), 0.0)
+    out.update(_split_kept(mb, live, cols))
     return out
+
+
+def _split_kept(mb: dict, live: torch.Tensor, cols: torch.Tensor) -> dict:
+    """The block's part of the micro-batch's kept sets (docs/math.md §9): the CSR of its `[n, T']` rows, the ids
+    of its tokens only and the offsets rebased to them, and its tokens' `kept_missing` flags (each token on one
+    rank, so the step's sum counts it once). Three Nones when the micro-batch carries no sets."""
+    if mb.get("kept_ids") is None:
+        return dict(kept_ids=None, kept_offsets=None, kept_missing=None)
+    whole = mb["kept_offsets"]
+    tokens = (torch.arange(cols.shape[0])[:, None] * mb["targets"].shape[1] + cols).reshape(-1)
+    counts = torch.where(live.reshape(-1), whole.diff()[tokens], 0)
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=offsets[1:])
+    total = int(offsets[-1])
+    owner = torch.repeat_interleave(torch.arange(counts.numel()), counts, output_size=total)
+    source = whole[tokens][owner] + torch.arange(total) - offsets[owner]  # id j of token k: its place in the whole
+    missing = torch.where(live, mb["kept_missing"].gather(1, cols), False)
+    return dict(kept_ids=mb["kept_ids"][source], kept_offsets=offsets, kept_missing=missing)
 
 
 def gather_rows(values: torch.Tensor, shard: dict, sp: SequenceParallel) -> torch.Tensor:
@@ -245,7 +264,7 @@ def step_normalizer(shards: list[dict], loss_agg: str, live_sequences: int, sp: 
     """
     count_tokens = loss_agg == "token-mean"
     local = float(sum(float(s["mask"].sum()) for s in shards)) if count_tokens else float(live_sequences)
-    if count_tokens and sp.size > 1 and "normalizer" not in PLANTED:
+    if count_tokens and sp.size > 1:
         local = dist_utils.all_reduce_sum(local, sp.group)
     return dist_utils.all_reduce_sum(local, sp.dp_group)
 
@@ -258,8 +277,13 @@ def check_same_rollouts(samples: list, sp: SequenceParallel) -> None:
     """
     if sp.size == 1:
         return
-    text = repr([(s.prompt_ids, s.completion_ids, s.advantage, s.loss_mask, s.token_mask) for s in samples])
-    mine = float(zlib.crc32(text.encode()))
+    text = repr([(s.prompt_ids, s.completion_ids, s.advantage, s.loss_mask, s.token_mask, s.kept is None)
+                 for s in samples])  # fmt: skip
+    crc = zlib.crc32(text.encode())
+    for s in samples:  # the kept sets the loss replays (docs/math.md §9), as their bytes
+        if s.kept is not None:
+            crc = zlib.crc32(s.kept.ids.numpy().tobytes(), zlib.crc32(s.kept.counts.numpy().tobytes(), crc))
+    mine = float(crc)
     low, high = -dist_utils.all_reduce_max(-mine, sp.group), dist_utils.all_reduce_max(mine, sp.group)
     if low != high:
         raise RuntimeError(
@@ -294,15 +318,15 @@ class HeadGradientRows:
         if d_weight is None or holders != self.sp.size:
             raise RuntimeError(f"{holders:.0f} of the sequence group's {self.sp.size} losses hold a head gradient")
         blocks, group = list(torch.tensor_split(d_weight, self.sp.size)), self.sp.group
-        if d_weight.dtype == torch.float32 and "head_rows_bf16" not in PLANTED:
+        if d_weight.dtype == torch.float32:
             mine = torch.empty_like(blocks[self.sp.rank])
             dist.reduce_scatter(mine, blocks, group=group)
         else:  # summed in float32 as the step's all-reduce sums gradients: one float32 block at a time
             for j, block in enumerate(blocks):
-                total = block.float() if "head_rows_bf16" not in PLANTED else block.clone()
+                total = block.float()
                 dist.reduce(total, dst=dist.get_global_rank(group, j), group=group)
                 if j == self.sp.rank:
-                    mine = total.float()
+                    mine = total
         del d_weight, blocks
         self.rows = mine if self.rows is None else self.rows.add_(mine)
 
@@ -312,6 +336,5 @@ class HeadGradientRows:
             return
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
-        block = 0 if "head_rows" in PLANTED else self.sp.rank
-        torch.tensor_split(weight.grad, self.sp.size)[block].add_(self.rows.to(weight.grad.dtype))
+        torch.tensor_split(weight.grad, self.sp.size)[self.sp.rank].add_(self.rows.to(weight.grad.dtype))
         self.rows = None

@@ -21,7 +21,7 @@ normalizer is counted over the blocks of the sequence group; the rest of the ste
 Samples that carry the sampler's kept sets (`Sample.kept`, `--sampler-replay`) are scored on them (docs/math.md
 §9): the loss, the old / reference log-probs and so the ratios use the set the sampler kept, never a set found
 again from the trainer's logits; a token whose target is not in its set is left out of the loss and counted
-(`replay_missing_tokens`).
+(`replay_missing_tokens`). Under sequence parallelism each rank's block carries its tokens' sets.
 """
 
 import dataclasses
@@ -35,13 +35,14 @@ from fastrl.kernels import sampled_token_logprobs, token_logprobs
 from fastrl.losses import METRIC_KEYS, LossConfig, grpo_loss
 
 from . import distributed as dist_utils
-from .batching import Sample, collate, plan_microbatches, token_mask
+from .batching import Sample, collate, plan_microbatches
 from .fsdp import filler_sample, is_sharded, run_sharded
 from .sequence_parallel import (
     HeadGradientRows,
     SequenceParallel,
     check_token_local,
     gather_rows,
+    init_sequence_parallel,
     split_microbatch,
     step_normalizer,
 )
@@ -78,15 +79,9 @@ class StepSettings:
                    config.bf16, config.log_entropy, sequence)  # fmt: skip
 
 
-def _settings(settings, legacy: dict) -> StepSettings:
-    """`settings`, or the loose form `(loss_config, budget=..., packed=..., pad_id=..., ...)` as one."""
-    if isinstance(settings, LossConfig):
-        return StepSettings(settings, **legacy)
-    if legacy:
-        raise TypeError(f"pass the step's settings in the StepSettings, not as {sorted(legacy)}")
+def _check_settings(settings) -> None:
     if not isinstance(settings, StepSettings):
         raise TypeError(f"settings must be a StepSettings, got {type(settings).__name__}")
-    return settings
 
 
 def supports_packing(model) -> bool:
@@ -172,16 +167,11 @@ def _logprobs(model, mb: dict, bf16: bool, temperature: float, impl: str, sample
 
 
 @torch.no_grad()
-def sequence_logprobs(model, samples: list[Sample], settings: StepSettings, *legacy, **legacy_kw) -> list[list[float]]:
+def sequence_logprobs(model, samples: list[Sample], settings: StepSettings) -> list[list[float]]:
     """Log-probs of each sample's completion tokens under `model` (no grad, fused path, same budget), at the
-    loss's temperature and sampler (docs/math.md §8).
-
-    The loose form `sequence_logprobs(model, samples, budget, packed, pad_id, temperature, impl="auto", bf16=True,
-    sampler=None)` is accepted too.
-    """
+    loss's temperature and sampler (docs/math.md §8, `settings.loss`); kept sets, where the samples carry them."""
+    _check_settings(settings)
     s = settings
-    if legacy or legacy_kw or not isinstance(s, StepSettings):
-        s = _loose(s, *legacy, **legacy_kw)
     args = (s.bf16, s.loss.temperature, s.impl, sampler_options(s.loss))
     rows: list[list[float]] = []
     with _sequence_parallel(model, s):
@@ -196,24 +186,10 @@ def sequence_logprobs(model, samples: list[Sample], settings: StepSettings, *leg
     return out
 
 
-def _loose(budget, packed, pad_id, temperature, impl="auto", bf16=True, sampler=None) -> StepSettings:
-    loss = LossConfig(temperature=temperature, **(sampler or {}))
-    return StepSettings(loss, budget, packed, pad_id, impl=impl, bf16=bf16)
-
-
-def _global_normalizer(samples: list[Sample], loss_agg: str) -> float:
-    """Tokens (token-mean) or sequences (seq-mean-*) that carry loss in this step, over all ranks."""
-    live = [s for s in samples if s.loss_mask]
-    local = sum(sum(token_mask(s)) for s in live) if loss_agg == "token-mean" else len(live)
-    return dist_utils.all_reduce_sum(float(local))
-
-
 def _batches(model, samples: list[Sample], s: StepSettings, filler: Sample):
     """(micro-batch, its samples) pairs of `_plan`, collated; under sequence parallelism, this rank's block."""
     for seqs in _plan(model, samples, s.budget, s.packed, filler):
         mb = collate(seqs, s.packed, s.pad_id)
-        if s.sequence is not None and mb["kept_ids"] is not None:
-            raise ValueError("replaying the sampler's kept sets is not supported with sequence parallelism")
         yield (mb if s.sequence is None else split_microbatch(mb, s.sequence)), seqs
 
 
@@ -222,26 +198,27 @@ def _sequence_parallel(model, s: StepSettings):
     return nullcontext() if s.sequence is None else ulysses(model, s.sequence)
 
 
-def train_step(model, optimizer, samples: list[Sample], settings: StepSettings, **legacy) -> dict:
+def train_step(model, optimizer, samples: list[Sample], settings: StepSettings) -> dict:
     """One optimizer step on this rank's `samples` (a shard of the step's batch). Returns step metrics.
 
-    `settings` is a `StepSettings` (the loose form `train_step(model, optimizer, samples, loss_config, budget=...,
-    packed=..., pad_id=..., ...)` with its field names is accepted too). The caller steps the LR scheduler. Every
-    rank must call this, even with no samples (the collectives must match).
+    The caller steps the LR scheduler. Every rank must call this, even with no samples (the collectives must match).
+
+    Raises:
+        TypeError: `settings` not a `StepSettings`.
     """
-    s = _settings(settings, legacy)
+    _check_settings(settings)
+    s = settings
     model.zero_grad(set_to_none=True)
     if not is_sharded(model):  # long micro-batches: the MLPs' activations about a thousand tokens at a time
         tile_mlps(model)
     sums = dict.fromkeys(("loss", "num_tokens", "replay_missing_tokens") + METRIC_KEYS, 0.0)
     filler = filler_sample(s.pad_id, ref=s.loss.beta > 0, rollout=s.loss.is_cap is not None)
-    batches = _batches(model, samples, s, filler)
-    if s.sequence is None:
-        normalizer = _global_normalizer(samples, s.loss.loss_agg)
-    else:  # counted over the blocks of the sequence group (this rank holds 1/N of each micro-batch)
-        batches = list(batches)
-        live = sum(1 for sample in samples if sample.loss_mask)
-        normalizer = step_normalizer([mb for mb, _ in batches], s.loss.loss_agg, live, s.sequence)
+    batches = list(_batches(model, samples, s, filler))
+    # the collated masks: without a token the loss leaves out (a target missing from its kept set); under
+    # sequence parallelism, counted over the blocks of the sequence group (this rank holds 1/N of each micro-batch)
+    live = sum(1 for sample in samples if sample.loss_mask)
+    sequence = s.sequence or init_sequence_parallel(1)
+    normalizer = step_normalizer([mb for mb, _ in batches], s.loss.loss_agg, live, sequence)
     # under sequence parallelism each rank keeps its rows of the head's gradient, summed over the group
     split = s.sequence is not None and s.sequence.size > 1 and not is_sharded(model)  # FSDP shards it already
     head_rows = HeadGradientRows(s.sequence) if split else None

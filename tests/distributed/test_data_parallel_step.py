@@ -10,7 +10,7 @@ from _spawn import spawn
 from fastrl.losses import LossConfig
 from fastrl.trainer import distributed as dist_utils
 from fastrl.trainer.tiny import tiny_model
-from fastrl.trainer.update import train_step
+from fastrl.trainer.update import StepSettings, train_step
 
 AGGS = ("token-mean", "seq-mean-token-mean")
 
@@ -18,7 +18,7 @@ AGGS = ("token-mean", "seq-mean-token-mean")
 def one_step(samples, agg):
     model = tiny_model(64, hidden_size=32, num_layers=2, num_heads=4, seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    m = train_step(model, opt, samples, LossConfig(loss_agg=agg), budget=24, packed=True, pad_id=0, max_grad_norm=0)
+    m = train_step(model, opt, samples, StepSettings(LossConfig(loss_agg=agg), 24, True, 0, max_grad_norm=0))
     return [p.detach().clone() for p in model.parameters()], m["loss"]
 
 

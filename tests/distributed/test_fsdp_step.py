@@ -16,7 +16,7 @@ from fastrl.trainer import distributed as dist_utils
 from fastrl.trainer.batching import plan_microbatches
 from fastrl.trainer.fsdp import shard_model, state_bytes
 from fastrl.trainer.tiny import tiny_model
-from fastrl.trainer.update import sequence_logprobs, train_step
+from fastrl.trainer.update import StepSettings, sequence_logprobs, train_step
 
 BUDGET = 24
 CONFIG = LossConfig(loss_agg="token-mean", eps_high=0.28)
@@ -36,9 +36,9 @@ def three_steps(model, samples):
     opt.model = model
     losses = []
     for _ in range(3):
-        m = train_step(model, opt, samples, CONFIG, budget=BUDGET, packed=True, pad_id=0, max_grad_norm=CLIP)
+        m = train_step(model, opt, samples, StepSettings(CONFIG, BUDGET, True, 0, max_grad_norm=CLIP))
         losses.append((m["loss"], m["grad_norm"]))
-    logp = sequence_logprobs(model, samples, BUDGET, True, 0, 1.0)
+    logp = sequence_logprobs(model, samples, StepSettings(LossConfig(), BUDGET, True, 0))
     return opt.measured, losses, logp
 
 

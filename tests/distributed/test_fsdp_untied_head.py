@@ -19,7 +19,7 @@ from fastrl.losses import LossConfig
 from fastrl.trainer import distributed as dist_utils
 from fastrl.trainer import update
 from fastrl.trainer.fsdp import shard_model
-from fastrl.trainer.update import sequence_logprobs, train_step
+from fastrl.trainer.update import StepSettings, sequence_logprobs, train_step
 
 BUDGET = 24
 CONFIG = LossConfig(loss_agg="token-mean", eps_high=0.28)
@@ -45,9 +45,9 @@ def two_steps(model, samples):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for _ in range(2):
-        m = train_step(model, opt, samples, CONFIG, budget=BUDGET, packed=True, pad_id=0, max_grad_norm=1.0)
+        m = train_step(model, opt, samples, StepSettings(CONFIG, BUDGET, True, 0, max_grad_norm=1.0))
         losses.append(m["loss"])
-    return losses, sequence_logprobs(model, samples, BUDGET, True, 0, 1.0)
+    return losses, sequence_logprobs(model, samples, StepSettings(LossConfig(), BUDGET, True, 0))
 
 
 def _worker(rank, world, out_dir, planted):

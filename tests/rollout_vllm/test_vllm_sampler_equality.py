@@ -87,8 +87,9 @@ def test_trainer_scores_a_vllm_rollout_as_vllm_does():
     vllm = torch.tensor([x for c in comps for x in c.logprobs])
 
     def gap(sampler, samples=samples):
-        lp = sequence_logprobs(model, samples, 1 << 20, False, tokenizer.pad_token_id, config.temperature, "torch",
-                               False, sampler)  # fmt: skip
+        loss = fastrl.LossConfig(temperature=config.temperature, **(sampler or {}))
+        settings = StepSettings(loss, 1 << 20, False, tokenizer.pad_token_id, impl="torch", bf16=False)
+        lp = sequence_logprobs(model, samples, settings)
         return (torch.tensor([x for row in lp for x in row]) - vllm).abs()
 
     assert gap(sampler_options(config.loss)).max() < TOL

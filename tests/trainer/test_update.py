@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from fastrl.losses import LossConfig
-from fastrl.trainer.batching import Sample
+from fastrl.trainer.batching import KeptSets, Sample
 from fastrl.trainer.config import make_config
 from fastrl.trainer.rollout import HFEngine, trim_completion
 from fastrl.trainer.tiny import CharTokenizer, tiny_model
@@ -51,19 +51,13 @@ def test_packed_and_padded_steps_agree():
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
 
 
-def test_the_loose_keyword_form_is_the_same_step():
-    def delta(*settings, **loose):
-        model = tiny_model(64, hidden_size=32, num_layers=2, num_heads=4, seed=0)
-        before = [p.detach().clone() for p in model.parameters()]
-        train_step(model, torch.optim.SGD(model.parameters(), lr=1.0), make_samples(), *settings, **loose)
-        return [b - p.detach() for b, p in zip(before, model.parameters())]
-
-    settings = StepSettings(LossConfig(), 20, True, 0, max_grad_norm=0.5, log_entropy=False)
-    loose = delta(LossConfig(), budget=20, packed=True, pad_id=0, max_grad_norm=0.5, log_entropy=False)
-    for a, b in zip(delta(settings), loose):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    with pytest.raises(TypeError, match="budget"):
-        delta(settings, budget=20)
+def test_the_step_takes_its_settings_only_as_one_object():
+    model = tiny_model(64, hidden_size=32, num_layers=2, num_heads=4, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    with pytest.raises(TypeError, match="settings must be a StepSettings, got LossConfig"):
+        train_step(model, opt, make_samples(), LossConfig())
+    with pytest.raises(TypeError, match="settings must be a StepSettings, got int"):
+        sequence_logprobs(model, make_samples(), 20)
     with pytest.raises(ValueError, match="budget must be a positive int"):
         StepSettings(LossConfig(), 0, True, 0)
 
@@ -109,3 +103,28 @@ def test_activation_checkpointing_gives_the_same_step():
 def test_trim_completion_stops_at_any_end_token():
     assert trim_completion([5, 6, 9, 2, 0, 0], {2, 9}) == ([5, 6, 9], False)
     assert trim_completion([5, 6, 7], {2}) == ([5, 6, 7], True)
+
+
+def test_a_token_missing_from_its_kept_set_is_out_of_the_token_mean_normalizer():
+    """A live token whose target is not in its kept set leaves the loss and the token-mean normalizer alike: the
+    step equals the one whose token mask drops that token."""
+
+    def step(missing: bool) -> dict:
+        samples = make_samples()
+        for s in samples:  # the target and its successor kept at every token
+            s.kept = KeptSets.of([[t, (t + 1) % 64] for t in s.completion_ids])
+        s = next(s for s in samples if s.loss_mask and len(s.completion_ids) > 2)
+        if missing:
+            sets = [[t, (t + 1) % 64] for t in s.completion_ids]
+            s.kept = KeptSets.of(sets[:1] + [sets[1][1:]] + sets[2:])  # token 1's target left out
+        else:
+            s.token_mask = [0.0 if j == 1 else 1.0 for j in range(len(s.completion_ids))]
+        model = tiny_model(64, hidden_size=32, num_layers=2, num_heads=4, seed=0)
+        settings = StepSettings(LossConfig(loss_agg="token-mean", top_k=2), 64, True, 0, max_grad_norm=0.0)
+        return train_step(model, torch.optim.SGD(model.parameters(), lr=1.0), samples, settings)
+
+    missing, masked = step(missing=True), step(missing=False)
+    assert (missing["replay_missing_tokens"], masked["replay_missing_tokens"]) == (1.0, 0.0)
+    assert missing["num_tokens"] == masked["num_tokens"]
+    assert missing["loss"] == pytest.approx(masked["loss"], rel=1e-6) and masked["loss"] != 0
+    assert missing["grad_norm"] == pytest.approx(masked["grad_norm"], rel=1e-6)
