@@ -13,11 +13,16 @@ parametrized tests in the edit loop (for matrices of whole trainer steps). CI ru
 
 import contextlib
 import multiprocessing.process
+import platform
 import subprocess
 import threading
 import venv
 
 import pytest
+
+# The standard library's platform probe runs `uname -p` once per interpreter, whichever caller asks first (TRL and
+# DeepSpeed ask at import); asking here keeps that one start out of whichever test happens to import them first.
+platform.processor()
 
 _SLOW_REASON = "starts another process but is not marked slow: add @pytest.mark.slow"
 
