@@ -1,11 +1,11 @@
 """The first Python that runs inside the sandbox: it finishes the confinement, then runs the payload.
 
 ``bubblewrap`` has already built the namespaces and the read-only file tree. This program, still privileged inside
-them, mounts the size- and inode-capped ``/tmp``, sets the resource limits, gives up its privileges for good (root
-drops to an unprivileged uid of its own: ``RLIMIT_NPROC`` is not enforced for uid 0), and then either runs model
-code read from stdin (``"code"``) or executes a command (``"exec"``). It travels as source text (``python -I -c``)
-so the sandbox needs no view of the fastrl package. Its one argument is the JSON object that
-``sandbox.sandboxed_command`` builds.
+them, mounts the size- and inode-capped ``/tmp`` and ``/dev/shm``, sets the resource limits, gives up its
+privileges for good (root drops to an unprivileged uid of its own: ``RLIMIT_NPROC`` is not enforced for uid 0),
+and then either runs model code read from stdin (``"code"``: in this process, once unprivileged, as ``python -c``
+would) or executes a command (``"exec"``). It travels as source text (``python -I -c``), so the sandbox needs no
+view of the fastrl package. Its one argument is the JSON object that ``sandbox.sandboxed_command`` builds.
 """
 
 import ctypes
@@ -15,29 +15,35 @@ import resource
 import sys
 
 _MS_NOSUID, _MS_NODEV = 2, 4
-_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_CAPABILITY_VERSION_3 = 0x20080522
 
 
-def _main(config: dict) -> None:
+def _capabilities() -> dict[str, int]:
+    status = open("/proc/self/status").read().splitlines()
+    fields = dict(line.split(":\t", 1) for line in status if line.startswith(("CapInh", "CapPrm", "CapEff", "CapAmb")))
+    return {name: int(value, 16) for name, value in fields.items()}
+
+
+def _main(config: dict) -> str:
     libc = ctypes.CDLL(None, use_errno=True)
-    if config["tmpfs"]:
-        if libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, config["tmpfs"].encode()) != 0:
-            raise OSError(ctypes.get_errno(), "mounting the sandbox's /tmp failed")
+    for target in (b"/tmp", b"/dev/shm") if config["tmpfs"] else ():  # /dev/shm: multiprocessing's locks
+        if libc.mount(b"tmpfs", target, b"tmpfs", _MS_NOSUID | _MS_NODEV, config["tmpfs"].encode()) != 0:
+            raise OSError(ctypes.get_errno(), f"mounting the sandbox's {target.decode()} failed")
     for name, value in config["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
-    uid = config["uid"]
-    if uid is None:
-        pass  # the opt-out without namespaces: the caller's uid, whose files this process must reach
-    elif os.getuid() == 0:
-        # Changing every uid away from 0 clears the permitted, effective and ambient capabilities.
+    uid = config["uid"]  # None: the opt-out without namespaces keeps the caller's uid, to reach the interpreter
+    if uid is not None and os.getuid() == 0:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
-    elif libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
-        # Not root (a user namespace): without ambient capabilities the next execve drops them all.
-        raise OSError(ctypes.get_errno(), "clearing the ambient capabilities failed")
-    if uid is not None and 0 in os.getresuid():
-        raise RuntimeError("the sandbox launcher is still uid 0 after dropping privileges")
+    if uid is not None:
+        # Drop every capability bwrap granted for the steps above (a non-root caller keeps its uid in a user
+        # namespace, so nothing else would), the inheritable set included.
+        header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+        if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+            raise OSError(ctypes.get_errno(), "dropping the capabilities failed")
+    if uid is not None and (0 in os.getresuid() or any(_capabilities().values())):
+        raise RuntimeError(f"the sandbox launcher kept privileges: uids {os.getresuid()}, {_capabilities()}")
     os.chdir(config["cwd"])
     if config["mode"] == "exec":
         os.execve(config["argv"][0], config["argv"], {})
@@ -45,8 +51,28 @@ def _main(config: dict) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    # Re-execute so the model's code gets a fresh interpreter without this program's modules.
-    os.execve(sys.executable, [sys.executable, "-I", "-c", code], {})
+    return code
 
 
-_main(json.loads(sys.argv[1]))
+def _run_as_main(code: str) -> None:
+    """Run the model's code as ``python -c`` would, in this (now unprivileged) process: one interpreter start."""
+    import traceback
+    import types
+
+    os.environ.clear()
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    sys.argv = ["-c"]
+    try:
+        exec(compile(code, "<string>", "exec"), main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as error:
+        # The traceback starts at the model's code: this program's frames are not its business.
+        traceback.print_exception(type(error), error, error.__traceback__.tb_next)
+        sys.exit(1)
+
+
+_code = _main(json.loads(sys.argv[1]))
+del _main
+_run_as_main(_code)

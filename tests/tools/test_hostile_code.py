@@ -117,6 +117,16 @@ def test_fork_bomb_is_capped_by_the_process_limit(box):
     assert 0 < forked < 32, result  # RLIMIT_NPROC: 32 processes
 
 
+def test_code_runs_unprivileged(box):
+    code = (
+        "import os\n"
+        "caps = [line for line in open('/proc/self/status') if line.startswith(('CapInh', 'CapPrm', 'CapEff'))]\n"
+        "print(0 in os.getresuid(), [int(line.split()[1], 16) for line in caps])\n"
+    )
+    result = _run(box, code, limit_s=4.0)
+    assert result == ToolResult("False [0, 0, 0]\n", "ok")
+
+
 def test_memory_bomb_fails_in_the_sandbox(box):
     code = "b = bytearray(768 << 20)\nprint('allocated', len(b))"
     result = _run(box, code, memory_mb=256, limit_s=4.0)
