@@ -16,12 +16,30 @@ import sys
 
 _MS_NOSUID, _MS_NODEV = 2, 4
 _CAPABILITY_VERSION_3 = 0x20080522
+_PR_CAPBSET_DROP = 24
 
 
 def _capabilities() -> dict[str, int]:
     status = open("/proc/self/status").read().splitlines()
-    fields = dict(line.split(":\t", 1) for line in status if line.startswith(("CapInh", "CapPrm", "CapEff", "CapAmb")))
+    fields = dict(
+        line.split(":\t", 1) for line in status if line.startswith(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
+    )
     return {name: int(value, 16) for name, value in fields.items()}
+
+
+def _drop_privileges(libc, uid: int | None) -> None:
+    """Give up, for good, what bwrap granted for the steps above; ``uid``: the uid root switches to (None: keep)."""
+    for capability in range(64):  # the bounding set first, so that no later execve can regain anything
+        libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0)  # EINVAL past the kernel's last capability
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise OSError(ctypes.get_errno(), "dropping the capabilities failed")
+    if (uid is not None and 0 in os.getresuid()) or any(_capabilities().values()):
+        raise RuntimeError(f"the sandbox launcher kept privileges: uids {os.getresuid()}, {_capabilities()}")
 
 
 def _main(config: dict) -> str:
@@ -31,19 +49,8 @@ def _main(config: dict) -> str:
             raise OSError(ctypes.get_errno(), f"mounting the sandbox's {target.decode()} failed")
     for name, value in config["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
-    uid = config["uid"]  # None: the opt-out without namespaces keeps the caller's uid, to reach the interpreter
-    if uid is not None and os.getuid() == 0:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-    if uid is not None:
-        # Drop every capability bwrap granted for the steps above (a non-root caller keeps its uid in a user
-        # namespace, so nothing else would), the inheritable set included.
-        header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
-        if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
-            raise OSError(ctypes.get_errno(), "dropping the capabilities failed")
-    if uid is not None and (0 in os.getresuid() or any(_capabilities().values())):
-        raise RuntimeError(f"the sandbox launcher kept privileges: uids {os.getresuid()}, {_capabilities()}")
+    if config["drop_privileges"]:
+        _drop_privileges(libc, config["uid"])
     os.chdir(config["cwd"])
     if config["mode"] == "exec":
         os.execve(config["argv"][0], config["argv"], {})

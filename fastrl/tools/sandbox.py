@@ -123,7 +123,9 @@ def sandboxed_command(
         "rlimits": rlimits,
         "tmpfs": f"size={_TMP_MB}m,nr_inodes={_TMP_INODES},mode=1777" if namespaces else "",
         "cwd": "/tmp" if namespaces else cwd,
-        "uid": _UID_BASE + secrets.randbelow(_UID_SPAN) if namespaces else None,
+        "drop_privileges": namespaces,
+        # Root switches to a uid of its own; a non-root caller is uid 0 of a user namespace mapped to itself.
+        "uid": _UID_BASE + secrets.randbelow(_UID_SPAN) if namespaces and os.getuid() == 0 else None,
     }
     inner = [sys.executable, "-I", "-c", _LAUNCHER, json.dumps(config)]
     if not namespaces:
@@ -132,7 +134,8 @@ def sandboxed_command(
     if die_with_parent:
         command += ["--die-with-parent"]
     if os.getuid() != 0:
-        command += ["--unshare-user"]  # the launcher then keeps the caller's (unprivileged) uid
+        # One user namespace (bwrap nests a second for any other uid, which would own no mount to change).
+        command += ["--unshare-user", "--uid", "0", "--gid", "0"]
     for path in _SYSTEM_DIRS:
         if os.path.islink(path):
             command += ["--symlink", os.readlink(path), path]
@@ -145,7 +148,9 @@ def sandboxed_command(
             command += ["--perms", "0755", "--dir", str(parent)]
         command += ["--ro-bind", source, target]
     command += ["--proc", "/proc", "--dev", "/dev", "--perms", "0755", "--dir", "/tmp", "--chdir", "/"]
-    command += ["--cap-add", "CAP_SYS_ADMIN,CAP_SETUID,CAP_SETGID", *inner]
+    for capability in ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"):  # the launcher's, dropped
+        command += ["--cap-add", capability]
+    command += inner
     return command
 
 
