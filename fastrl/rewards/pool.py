@@ -10,6 +10,9 @@ and threads, which makes ``fork`` unsafe, and ``spawn``/``forkserver`` would re-
 verifier's sympy side (sympy + latex2sympy2_extended: about 0.5 s). Parent and worker talk over a
 ``multiprocessing.connection`` pipe: one ``(pred, gold, timeout)`` request, one ``bool`` reply.
 
+Each worker runs in the python tool's sandbox (``fastrl.tools.sandbox``): no network, read-only files (writes
+land in a private 16 MiB /tmp that goes with it), its own PID namespace, an unprivileged uid, the memory cap.
+
 A worker also ends by itself when the parent dies: a thread watches the parent between checks, and during a
 check a ``SIGALRM`` at timeout + 2 s (default action: terminate, which needs no GIL) backs up the parent's kill.
 """
@@ -20,29 +23,21 @@ import atexit
 import math
 import os
 import subprocess
-import sys
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import wait
-from pathlib import Path
 
+from ..tools.sandbox import check_namespaces
 from .extract import answer_of, extract_answer, gold_answer
 from .normalize import quick_equal
 from .worker import READY as _READY
+from .worker import worker_command
 
 __all__ = ["VerifierPool", "default_pool"]
 
-# The directory holding the ``fastrl`` package this module belongs to: the worker imports the same copy.
-_ROOT = Path(__file__).resolve().parents[2]
-_BOOTSTRAP = (
-    "import sys\n"
-    "sys.path.insert(0, sys.argv[1])\n"
-    "from fastrl.rewards.worker import serve\n"
-    "serve(int(sys.argv[2]), int(sys.argv[3]))\n"
-)
 # Longer inputs are extracted in a worker, under the time limit, rather than in the calling process (where a scan
 # is linear but 1 MB of braces still takes ~0.5 s).
 _INPROCESS_CHARS = 32_768
@@ -52,17 +47,18 @@ _STARTUP_TIMEOUT = 60.0
 
 
 class _Worker:
-    def __init__(self, memory_limit_mb: int) -> None:
+    def __init__(self, memory_limit_mb: int, sandboxed: bool) -> None:
         import multiprocessing
 
         parent_conn, child_conn = multiprocessing.Pipe()
         fd = child_conn.fileno()
-        args = [sys.executable, "-c", _BOOTSTRAP, str(_ROOT), str(fd)]
+        command = worker_command(fd, memory_limit_mb, sandboxed)
         try:
             self.process = subprocess.Popen(
-                [*args, str(memory_limit_mb)],
+                command,
                 pass_fds=(fd,),
                 stdin=subprocess.DEVNULL,
+                env={} if sandboxed else None,
                 start_new_session=True,  # keeps terminal signals away; the parent owns the lifetime
             )
         except BaseException:
@@ -106,15 +102,22 @@ class VerifierPool:
     Args:
         num_workers: processes to run at most (each about 60 MB and one CPU while busy).
         memory_limit_mb: address-space limit per worker; 0 for none.
+        unsafe_without_namespaces: run the workers as plain processes (time and memory limits only) on a machine
+            that refuses the sandbox's namespaces; without it such a machine raises SandboxUnavailableError.
     """
 
-    def __init__(self, num_workers: int = 2, *, memory_limit_mb: int = 4096) -> None:
+    def __init__(
+        self, num_workers: int = 2, *, memory_limit_mb: int = 4096, unsafe_without_namespaces: bool = False
+    ) -> None:
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
         if not isinstance(memory_limit_mb, int) or memory_limit_mb < 0:
             raise ValueError(f"memory_limit_mb must be an int >= 0, got {memory_limit_mb!r}")
+        if not isinstance(unsafe_without_namespaces, bool):
+            raise TypeError(f"unsafe_without_namespaces must be a bool, got {unsafe_without_namespaces!r}")
         self.num_workers = num_workers
         self.memory_limit_mb = memory_limit_mb
+        self.unsafe_without_namespaces = unsafe_without_namespaces
         self._idle: deque[_Worker] = deque()
         self._count = 0  # workers alive: idle plus borrowed
         self._cond = threading.Condition()
@@ -150,10 +153,15 @@ class VerifierPool:
                     return None
                 self._cond.wait()
         try:
-            return _Worker(self.memory_limit_mb)
+            return self._new_worker()
         except BaseException:
             self._forget()
             raise
+
+    def _new_worker(self) -> _Worker:
+        if not self.unsafe_without_namespaces:
+            check_namespaces()
+        return _Worker(self.memory_limit_mb, sandboxed=not self.unsafe_without_namespaces)
 
     def _pop_idle(self) -> _Worker:
         # Prefer a ready worker: a replacement that is still importing sympy would delay the check by ~0.5 s.
@@ -165,7 +173,7 @@ class VerifierPool:
                         worker.take_ready()
                     except (EOFError, OSError, RuntimeError):
                         worker.kill()
-                        return _Worker(self.memory_limit_mb)  # keeps its slot in the count
+                        return self._new_worker()  # keeps its slot in the count
                 return worker
         return self._idle.pop()
 
@@ -186,7 +194,7 @@ class VerifierPool:
         """Kill a worker (timed out or crashed) and return a starting replacement, still borrowed."""
         worker.kill()
         try:
-            return _Worker(self.memory_limit_mb)
+            return self._new_worker()
         except BaseException:
             self._forget()
             raise
@@ -197,7 +205,7 @@ class VerifierPool:
 
         def spawn() -> None:
             try:
-                replacement = _Worker(self.memory_limit_mb)
+                replacement = self._new_worker()
             except BaseException:
                 self._forget()
                 return
@@ -277,6 +285,8 @@ class VerifierPool:
                     worker, i = ready.pop(), pending.popleft()
                     deadline = time.monotonic() + timeout  # handing a long text over counts against the limit
                     try:
+                        if worker.process.poll() is not None:  # bwrap is gone, its child may not be yet
+                            raise BrokenPipeError
                         worker.conn.send((*tasks[i], timeout))
                     except OSError:  # it died while idle: the pair waits for the replacement
                         pending.appendleft(i)
@@ -357,7 +367,9 @@ _default_lock = threading.Lock()
 
 
 def default_pool() -> VerifierPool:
-    """The process-wide pool behind ``math_equal``: ``FASTRL_VERIFIER_WORKERS`` workers (default min(8, CPUs))."""
+    """The process-wide pool behind ``math_equal``: ``FASTRL_VERIFIER_WORKERS`` workers (default min(8, CPUs)).
+
+    ``FASTRL_VERIFIER_UNSAFE_WITHOUT_NAMESPACES=1`` is its ``unsafe_without_namespaces``."""
     global _default_pool
     with _default_lock:
         # A forked child must not share its parent's workers (two readers on one pipe): it gets its own pool.
@@ -365,7 +377,11 @@ def default_pool() -> VerifierPool:
             env = os.environ.get("FASTRL_VERIFIER_WORKERS")
             if env is not None and not env.isdigit():
                 raise ValueError(f"FASTRL_VERIFIER_WORKERS must be a positive integer, got {env!r}")
-            _default_pool = VerifierPool(int(env) if env else max(1, min(8, os.cpu_count() or 1)))
+            unsafe = os.environ.get("FASTRL_VERIFIER_UNSAFE_WITHOUT_NAMESPACES", "0")
+            if unsafe not in ("0", "1"):
+                raise ValueError(f"FASTRL_VERIFIER_UNSAFE_WITHOUT_NAMESPACES must be 0 or 1, got {unsafe!r}")
+            workers = int(env) if env else max(1, min(8, os.cpu_count() or 1))
+            _default_pool = VerifierPool(workers, unsafe_without_namespaces=unsafe == "1")
         return _default_pool
 
 

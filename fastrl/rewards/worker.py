@@ -1,22 +1,48 @@
 """The verifier worker: a process that answers (pred, gold) checks for the pool (``pool``) until told to stop.
 
 It imports only ``fastrl.rewards`` (torch-free) and the sympy side (``verify``); the pool kills it at a check's
-deadline, and it ends by itself when the parent dies.
+deadline, and it ends by itself when the parent dies. ``worker_command`` is its command line, confined by the
+python tool's sandbox: no network, no writes outside a private /tmp, its own PID namespace, an unprivileged uid.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from .extract import answer_of, extract_answer, gold_answer
 
-__all__ = ["READY", "serve"]
+__all__ = ["READY", "serve", "worker_command"]
 
 READY = "ready"
+# The directory holding the ``fastrl`` package this module belongs to: the worker imports the same copy, which a
+# sandboxed worker sees read-only at _SANDBOX_ROOT.
+_ROOT = Path(__file__).resolve().parents[2]
+_SANDBOX_ROOT = "/opt/fastrl"
+_BOOTSTRAP = (
+    "import sys\n"
+    "sys.path.insert(0, sys.argv[1])\n"
+    "from fastrl.rewards.worker import serve\n"
+    "serve(int(sys.argv[2]), int(sys.argv[3]))\n"
+)
+
+
+def worker_command(fd: int, memory_limit_mb: int, sandboxed: bool) -> list[str]:
+    """The argv of a worker that talks over inherited ``fd``; sandboxed unless the pool's opt-out says not."""
+    if not sandboxed:
+        return [sys.executable, "-c", _BOOTSTRAP, str(_ROOT), str(fd), str(memory_limit_mb)]
+    from ..tools.sandbox import sandboxed_command
+
+    command = [sys.executable, "-c", _BOOTSTRAP, _SANDBOX_ROOT, str(fd), str(memory_limit_mb)]
+    binds = ((str(_ROOT / "fastrl"), f"{_SANDBOX_ROOT}/fastrl"),)
+    # Replacements start from a passing thread: bwrap's die-with-parent would kill them when it ends.
+    limit = memory_limit_mb or None
+    return sandboxed_command(command, memory_mb=limit, cpu_s=None, binds=binds, die_with_parent=False)
 
 
 def serve(fd: int, memory_limit_mb: int) -> None:
