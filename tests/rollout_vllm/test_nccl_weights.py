@@ -2,11 +2,13 @@
 the rollout process receives with vLLM's own engine code, a gloo group behind its seams (`nccl_seams`). Without
 libnccl vLLM's communicator disables itself and its broadcast does nothing, so only the weights the engine serves
 afterwards prove a transfer: they must equal the trainer's, cast to vLLM's dtype, bit for bit, after each of two
-versions, each under its own label. One vLLM engine for the file (the last test).
+versions, each under its own label. The rollout process then dies in the middle of a third transfer: the
+watchdog aborts the group and the push raises. One vLLM engine for the file (the last test).
 """
 
 import socket
 import tempfile
+import threading
 import time
 import types
 
@@ -129,6 +131,21 @@ def _step_weights(model, seed: int) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _die_during_a_transfer(monkeypatch, rollout, push) -> float:
+    """Kill the rollout process while the sender waits in a broadcast that, like NCCL's, has no timeout of its own
+    (it returns only when the group is aborted); the push must end with `TransferAborted`. Its duration."""
+    group, released = push.engine.model_update_group, threading.Event()
+    monkeypatch.setattr(group, "broadcast", lambda tensor, src, stream=None: released.wait(120))
+    monkeypatch.setattr(group, "destroy", released.set)
+    killer = threading.Timer(1.0, rollout.process.kill)
+    killer.start()
+    t = time.monotonic()
+    with pytest.raises(TransferAborted, match="died during a weight transfer"):
+        push.push(3)
+    killer.join()
+    return time.monotonic() - t
+
+
 def test_served_weights_equal_the_trainers_after_two_versions(monkeypatch):
     from vllm.distributed.weight_transfer import nccl_engine
 
@@ -156,6 +173,7 @@ def test_served_weights_equal_the_trainers_after_two_versions(monkeypatch):
         served = rollout.call("served_log")
         rollout.submit(0, [1, 2, 3], n=2, seed=5)
         group = rollout.next_group()
+        aborted_in = _die_during_a_transfer(monkeypatch, rollout, push)
         push.close()
     export.cleanup()
     assert [label for label, _ in served] == [1, 2], "each update must be served under its own label"
@@ -170,3 +188,4 @@ def test_served_weights_equal_the_trainers_after_two_versions(monkeypatch):
     assert any(group.completion_ids)
     for spans in group.spans:
         assert all(span.version == 2 for span in spans), spans
+    assert aborted_in < 30, f"the transfer to a dead rollout process ended after {aborted_in:.0f} s"
