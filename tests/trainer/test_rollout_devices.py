@@ -1,6 +1,9 @@
 """The rollout device plan over fake device lists: which GPU each trainer rank uses, what the rollout process
 sees, and every refusal naming its bad value."""
 
+import multiprocessing
+import os
+
 import pytest
 
 from fastrl.trainer.rollout import devices
@@ -9,6 +12,7 @@ from fastrl.trainer.rollout.devices import (
     check_rank_uuids,
     parse_gpu_ids,
     plan_devices,
+    visible_devices_for_children,
     visible_gpu_ids,
     weight_backend,
 )
@@ -149,3 +153,42 @@ def test_plan_uses_the_dedicated_fraction_above_the_colocated_default():
     from fastrl.trainer.config import TrainConfig
 
     assert devices.DEDICATED_MEMORY_FRACTION > TrainConfig.vllm_gpu_memory_utilization
+
+
+@pytest.mark.parametrize("before", [None, "0,1,2,3,4,5,6,7"], ids=["unset", "set"])
+def test_visible_devices_for_children_restores_the_parent(monkeypatch, before):
+    if before is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", before)
+    with visible_devices_for_children(_plan().rollout_visible):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "6,7"
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == before
+
+
+@pytest.mark.parametrize("visible", ["", "6,", "GPU-ab"])
+def test_visible_devices_for_children_refuses(visible):
+    with pytest.raises(ValueError, match=repr(visible)):
+        with visible_devices_for_children(visible):
+            pass
+
+
+def _report_visible(out) -> None:
+    out.put(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@pytest.mark.slow
+def test_a_spawned_child_sees_only_the_rollout_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_report_visible, args=(out,))
+    with visible_devices_for_children("6,7"):
+        child.start()
+    try:
+        assert out.get(timeout=120) == "6,7"
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"

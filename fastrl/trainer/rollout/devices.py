@@ -10,6 +10,8 @@ Everything here is a pure function of lists: the caller reads `CUDA_VISIBLE_DEVI
 UUIDs, and passes them in.
 """
 
+import contextlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -131,3 +133,24 @@ def weight_backend(device_type: str, rollout_gpus: Sequence[int]) -> str:
     if device_type == "cuda":
         return "nccl" if rollout_gpus else "ipc"
     raise ValueError(f"no weight-transfer engine for device type {device_type!r}; use 'cpu' or 'cuda'")
+
+
+@contextlib.contextmanager
+def visible_devices_for_children(visible: str):
+    """Within the block, processes started (spawned) see only the GPUs `visible` names ("6,7").
+
+    Wrap the rollout process's `start()` in it: a spawned child takes the parent's environment at start, so
+    vLLM (and its tensor parallel workers) see the rollout GPUs, numbered from 0, before CUDA initialises there.
+    The parent's own environment is restored on exit (its CUDA context, if any, is unaffected either way).
+    """
+    if not visible or any(not p.isdigit() for p in visible.split(",")):
+        raise ValueError(f"CUDA_VISIBLE_DEVICES for the rollout process must be GPU ids such as '6,7', got {visible!r}")
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
