@@ -129,7 +129,6 @@ def test_plan_and_uuid_check_agree_on_a_real_layout():
     "device_type, rollout, expected",
     [
         pytest.param("cpu", (), "fastrl_shm", id="cpu"),
-        pytest.param("cuda", (), "ipc", id="cuda-colocated"),
         pytest.param("cuda", (6, 7), "nccl", id="cuda-dedicated"),
     ],
 )
@@ -137,16 +136,17 @@ def test_weight_backend(device_type, rollout, expected):
     assert weight_backend(device_type, rollout) == expected
 
 
-def test_weight_backend_never_shared_memory_on_cuda():
-    for rollout in [(), (0,), (6, 7)]:
-        assert weight_backend("cuda", rollout) != "fastrl_shm"
-
-
-def test_weight_backend_refusals():
-    with pytest.raises(ValueError, match="--rollout-gpus 6 needs the trainer on CUDA"):
-        weight_backend("cpu", (6,))
-    with pytest.raises(ValueError, match="device type 'mps'"):
-        weight_backend("mps", ())
+@pytest.mark.parametrize(
+    "device_type, rollout, match",
+    [
+        pytest.param("cuda", (), "on CUDA need --rollout-gpus", id="cuda-colocated"),
+        pytest.param("cpu", (6,), "--rollout-gpus 6 needs the trainer on CUDA", id="cpu-with-gpus"),
+        pytest.param("mps", (), "device type 'mps'", id="mps"),
+    ],
+)
+def test_weight_backend_refusals(device_type, rollout, match):
+    with pytest.raises(ValueError, match=match):
+        weight_backend(device_type, rollout)
 
 
 def test_plan_uses_the_dedicated_fraction_above_the_colocated_default():
