@@ -18,6 +18,8 @@
       async_client.py        the trainer's side of it: spawn, submit, groups, heartbeat and death detection
       shm_transfer.py        a shared-memory weight-transfer engine registered with vLLM's factories (CPU)
       weight_push.py         the weights to the rollout process through vLLM's trainer-side transfer engines
+      devices.py             --rollout-gpus: the trainer ranks' and the rollout process's GPUs, as a pure plan
+      nccl_weights.py        weights over vLLM's NCCL engine: cast one tensor at a time, the label with them, a watchdog
     scoring.py             rewards (fastrl.rewards) -> shaping -> advantages -> samples, metric sums
     advantages.py          group z-score advantages
     batching.py            token-budget micro-batches, padded or packed; the samples' kept sets as CSR
