@@ -21,8 +21,8 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-from torch.autograd.function import once_differentiable
 
+from ..autograd import differentiable_once
 from ..logits import logit_tile, no_autocast
 from .chunked import chunk_rows
 from .params import LogprobParams
@@ -139,7 +139,7 @@ class VocabParallelLogprobFunction(torch.autograd.Function):
         return logp if entropy is None else (logp, entropy)
 
     @staticmethod
-    @once_differentiable  # the backward is hand-written: a second derivative must raise, not be wrong
+    @differentiable_once  # the backward is hand-written: a second derivative must raise, not be wrong
     def backward(ctx, grad_logp, *grad_rest):
         hidden, weight, loc, bias, lse, entropy = ctx.saved_tensors
         grad_entropy = grad_rest[0] if grad_rest else None
