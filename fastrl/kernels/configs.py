@@ -231,7 +231,8 @@ def replay_pair_bytes() -> int:
 
 
 def poison_outputs() -> bool:
-    """FASTRL_POISON=1 fills kernel outputs with NaN before launch (tests: an unwritten element fails)."""
+    """FASTRL_POISON=1 fills kernel outputs with NaN before launch: a debugging aid (an element a kernel never
+    writes then shows as NaN instead of stale memory)."""
     return os.environ.get("FASTRL_POISON", "0") == "1"
 
 
