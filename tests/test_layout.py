@@ -493,3 +493,20 @@ def test_functions_take_few_parameters():
     }
     assert set(many) <= PARAM_DEBT, sorted(set(many) - PARAM_DEBT)
     assert PARAM_DEBT <= set(many), f"no longer over the limit, drop from PARAM_DEBT: {sorted(PARAM_DEBT - set(many))}"
+
+
+def test_importing_the_ops_loads_no_triton():
+    # the PyTorch walks run where triton is not installed (a CPU-only or a peer's environment): the import-time
+    # imports of fastrl.kernels / losses / integrations, followed through fastrl, never reach triton
+    todo, seen, loaded = ["fastrl.kernels", "fastrl.losses", "fastrl.integrations"], set(), set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            for imported in _imports(name, top_level_only=True):
+                parts = imported.split(".")
+                runs = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+                loaded |= runs
+                todo += [m for m in runs if m in MODULES]
+    assert "fastrl.kernels.logprobs.chunked" in seen and "fastrl.kernels.fused_loss.chunked" in seen
+    assert "triton" not in loaded, sorted(m for m in seen if "triton" in _imports(m, top_level_only=True))

@@ -7,6 +7,7 @@
     dispatch.py  `impl` ("auto" / "triton" / "torch") resolved for a device
     logits.py    the float32 logit tile of every PyTorch walk, and the autocast guard
     configs.py   every Triton launch constant and `triton.Config`
+    budgets.py   the PyTorch walks' chunk budgets (FASTRL_CHUNK_BYTES), importable without triton
 
 Imports only torch (and triton, when a Triton path runs).
 """

@@ -1,4 +1,5 @@
-"""Every launch constant and `triton.Config` of fastrl's Triton kernels, in one place.
+"""Every launch constant and `triton.Config` of fastrl's Triton kernels, in one place (the PyTorch walks' chunk
+budgets are in budgets.py, which imports no triton).
 
 Log-prob kernels: each has one known-good default per GPU generation (sm_80: A100, sm_90: H100/H200); the
 compile test builds each of them for both targets and checks for register spills and tensor-core
@@ -15,33 +16,24 @@ __all__ = [
     "AUTOTUNE_CONFIGS",
     "AUTOTUNE_KEYS",
     "BWD_SLAB_BYTES",
-    "CHUNK_MAX_BYTES",
-    "CHUNK_MIN_BYTES",
     "DEFAULT_CONFIGS",
     "FWD_INVARIANT_SPLITS",
     "FWD_MIN_SPLITS",
     "FWD_WAVES",
-    "FUSED_CPU_CHUNK_BYTES",
-    "FUSED_GPU_CHUNK_BYTES",
-    "FUSED_MIN_ROWS",
-    "INVARIANT_MAX_ROWS",
     "INVARIANT_GEMM_ROWS",
     "POLICY_MAX_BLOCK_T",
     "POLICY_MIN_BLOCK_T",
     "POLICY_NUM_WARPS",
     "REPLAY_CONFIGS",
-    "REPLAY_PAIR_BYTES",
     "alloc",
     "arch_of",
     "autotune_enabled",
-    "chunk_budget",
     "config_key",
     "default_config",
     "kernel_and_kwargs",
     "logprob_kernel",
     "poison_outputs",
     "replay_config",
-    "replay_pair_bytes",
     "shipped_configs",
     "sm_count",
     "token_bucket",
@@ -68,21 +60,6 @@ INVARIANT_GEMM_ROWS = 1024
 POLICY_MAX_BLOCK_T = 1024
 POLICY_MIN_BLOCK_T = 16
 POLICY_NUM_WARPS = 8
-
-# The PyTorch walks' tile budgets, in bytes of one float32 tile. FASTRL_CHUNK_BYTES (read by `chunk_budget` alone)
-# overrides the logit tiles' budget of every walk; without it the log-prob walks take 1/8 of the full logits within
-# [CHUNK_MIN_BYTES, CHUNK_MAX_BYTES] (larger tiles run the GEMMs faster; 1/8 keeps a small batch's tiles small) and
-# the gradient-in-forward walk a fixed budget per device, never under FUSED_MIN_ROWS rows (each of its chunks reads
-# and writes the whole [V, D] float32 d_weight, so its GEMM needs an inner dim of a few hundred to stay
-# compute-bound). The replay walk's [pairs, D] gather buffers are fixed (never scaled by N): REPLAY_PAIR_BYTES, or
-# FASTRL_REPLAY_CHUNK_BYTES.
-CHUNK_MIN_BYTES = 32 * 2**20
-CHUNK_MAX_BYTES = 128 * 2**20
-FUSED_CPU_CHUNK_BYTES = 64 * 2**20  # 512 rows at V = 32k: MKL's three GEMMs as fast as at 1024-2048, half the memory
-FUSED_GPU_CHUNK_BYTES = 2**31
-FUSED_MIN_ROWS = 256
-INVARIANT_MAX_ROWS = 1024  # the batch-invariant torch walks' block rows, at most
-REPLAY_PAIR_BYTES = 4 * 2**20
 
 
 def _cfg(block_n, block_v, block_d, num_warps, num_stages, **extra):
@@ -208,26 +185,6 @@ def kernel_and_kwargs(kernel: str, jit_fn, device: torch.device, tune: bool = Tr
         return _TUNED[(kernel, arch)], {}
     cfg = DEFAULT_CONFIGS[kernel][arch]
     return jit_fn, {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-
-
-def _bytes_from_env(name: str) -> int | None:
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    if not value.strip().isdigit() or int(value) <= 0:
-        raise ValueError(f"{name} must be a positive number of bytes, got {value!r}")
-    return int(value)
-
-
-def chunk_budget() -> int | None:
-    """FASTRL_CHUNK_BYTES: the logit tile budget every PyTorch walk takes when it is set, None when it is not."""
-    return _bytes_from_env("FASTRL_CHUNK_BYTES")
-
-
-def replay_pair_bytes() -> int:
-    """Bytes of one float32 `[pairs, D]` gather buffer of the replay walk: FASTRL_REPLAY_CHUNK_BYTES, or 4 MiB."""
-    budget = _bytes_from_env("FASTRL_REPLAY_CHUNK_BYTES")
-    return REPLAY_PAIR_BYTES if budget is None else budget
 
 
 def poison_outputs() -> bool:

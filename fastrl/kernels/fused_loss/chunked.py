@@ -11,7 +11,7 @@ to the full row count with zero rows, so no product's shape follows N. The fold 
 
 import torch
 
-from ..configs import FUSED_CPU_CHUNK_BYTES, FUSED_GPU_CHUNK_BYTES, FUSED_MIN_ROWS, chunk_budget
+from ..budgets import FUSED_CPU_CHUNK_BYTES, FUSED_GPU_CHUNK_BYTES, FUSED_MIN_ROWS, chunk_budget
 from ..logits import divide_rows, logit_tile
 from ..logprobs.invariant import pad_rows
 from .lean import lean_applies, lean_forward

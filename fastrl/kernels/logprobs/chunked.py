@@ -15,7 +15,7 @@ function.py.
 
 import torch
 
-from ..configs import CHUNK_MAX_BYTES, CHUNK_MIN_BYTES, chunk_budget
+from ..budgets import CHUNK_MAX_BYTES, CHUNK_MIN_BYTES, chunk_budget
 from ..logits import divide_rows, logit_tile
 from .params import LogprobParams
 from .vocab_major import shifted_exp_t, tile_t, vocab_major_rows

@@ -10,7 +10,7 @@ whatever N and whichever rows share the call.
 
 import torch
 
-from ..configs import INVARIANT_MAX_ROWS
+from ..budgets import INVARIANT_MAX_ROWS
 from .chunked import chunk_bytes
 
 __all__ = ["invariant_rows", "pad_rows", "run_blocks"]

@@ -14,7 +14,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from ..configs import replay_pair_bytes
+from ..budgets import replay_pair_bytes
 from .kept_set import KeptSet
 
 __all__ = [
