@@ -125,9 +125,10 @@ def _heavy(name: str) -> bool:
     return any(name == h or name.startswith(h + ".") for h in INTEGRATIONS_HEAVY)
 
 
-def test_integrations_package_imports_no_peer():
-    # the modules `import fastrl.integrations` runs: its package's import-time imports, followed through fastrl
-    todo, seen, loaded = ["fastrl.integrations"], set(), set()
+def _import_time_closure(roots: list[str]) -> tuple[set[str], set[str]]:
+    """(the fastrl modules importing `roots` runs, every name those import-time imports load), followed through
+    fastrl."""
+    todo, seen, loaded = list(roots), set(), set()
     while todo:
         name = todo.pop()
         if name not in seen:
@@ -137,6 +138,12 @@ def test_integrations_package_imports_no_peer():
                 runs = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}  # `a.b.c` runs `a` and `a.b` too
                 loaded |= runs
                 todo += [m for m in runs if m in MODULES]
+    return seen, loaded
+
+
+def test_integrations_package_imports_no_peer():
+    # the modules `import fastrl.integrations` runs: its package's import-time imports, followed through fastrl
+    seen, loaded = _import_time_closure(["fastrl.integrations"])
     assert "fastrl.integrations.trl_compat" in seen and "fastrl.losses" in seen
     assert not sorted(filter(_heavy, loaded)), sorted(filter(_heavy, loaded))
 
@@ -498,15 +505,6 @@ def test_functions_take_few_parameters():
 def test_importing_the_ops_loads_no_triton():
     # the PyTorch walks run where triton is not installed (a CPU-only or a peer's environment): the import-time
     # imports of fastrl.kernels / losses / integrations, followed through fastrl, never reach triton
-    todo, seen, loaded = ["fastrl.kernels", "fastrl.losses", "fastrl.integrations"], set(), set()
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            for imported in _imports(name, top_level_only=True):
-                parts = imported.split(".")
-                runs = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-                loaded |= runs
-                todo += [m for m in runs if m in MODULES]
+    seen, loaded = _import_time_closure(["fastrl.kernels", "fastrl.losses", "fastrl.integrations"])
     assert "fastrl.kernels.logprobs.chunked" in seen and "fastrl.kernels.fused_loss.chunked" in seen
     assert "triton" not in loaded, sorted(m for m in seen if "triton" in _imports(m, top_level_only=True))
