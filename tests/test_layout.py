@@ -128,9 +128,10 @@ def _heavy(name: str) -> bool:
     return any(name == h or name.startswith(h + ".") for h in INTEGRATIONS_HEAVY)
 
 
-def test_integrations_package_imports_no_peer():
-    # the modules `import fastrl.integrations` runs: its package's import-time imports, followed through fastrl
-    todo, seen, loaded = ["fastrl.integrations"], set(), set()
+def _import_time_closure(roots: list[str]) -> tuple[set[str], set[str]]:
+    """(the fastrl modules importing `roots` runs, every name those import-time imports load), followed through
+    fastrl."""
+    todo, seen, loaded = list(roots), set(), set()
     while todo:
         name = todo.pop()
         if name not in seen:
@@ -140,6 +141,12 @@ def test_integrations_package_imports_no_peer():
                 runs = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}  # `a.b.c` runs `a` and `a.b` too
                 loaded |= runs
                 todo += [m for m in runs if m in MODULES]
+    return seen, loaded
+
+
+def test_integrations_package_imports_no_peer():
+    # the modules `import fastrl.integrations` runs: its package's import-time imports, followed through fastrl
+    seen, loaded = _import_time_closure(["fastrl.integrations"])
     assert "fastrl.integrations.trl_compat" in seen and "fastrl.losses" in seen
     assert not sorted(filter(_heavy, loaded)), sorted(filter(_heavy, loaded))
 
@@ -332,3 +339,236 @@ def shard(x, injectFault=False):
     assert {"legacy_kw", "FASTRL_TEST_BUG", "injectFault"} <= set(found), found
     clean = "def run(default_settings, loss, settings_plain, plan):\n    return os.environ.get('FASTRL_CHUNK_BYTES')\n"
     assert not _test_switches(clean)
+
+
+# --- the public signatures: parameter names, order and defaults (source text), read from the source ---
+def _signature(path: str, qualname: str) -> tuple:
+    """(name, default source or None) per parameter, "*" / "*args" / "**kwargs" marking the kinds; for a class
+    whose qualname names no method (a dataclass), its fields."""
+    body = ast.parse((ROOT / path).read_text(encoding="utf-8")).body
+    node = None
+    for part in qualname.split("."):
+        node = next(n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part)
+        body = node.body
+    if isinstance(node, ast.ClassDef):
+        return tuple(
+            (n.target.id, None if n.value is None else ast.unparse(n.value))
+            for n in node.body
+            if isinstance(n, ast.AnnAssign)
+        )
+    a = node.args
+    positional = a.posonlyargs + a.args
+    defaults = [None] * (len(positional) - len(a.defaults)) + [ast.unparse(d) for d in a.defaults]
+    out = [(p.arg, d) for p, d in zip(positional, defaults)]
+    if a.vararg:
+        out.append(("*" + a.vararg.arg, None))
+    elif a.kwonlyargs:
+        out.append(("*", None))
+    out += [(p.arg, None if d is None else ast.unparse(d)) for p, d in zip(a.kwonlyargs, a.kw_defaults)]
+    if a.kwarg:
+        out.append(("**" + a.kwarg.arg, None))
+    return tuple(out)
+
+
+_N = None  # no default
+PUBLIC_SIGNATURES = {
+    ("kernels/logprobs/api.py", "token_logprobs"): (
+        ("hidden", _N), ("weight", _N), ("targets", _N), ("*", _N), ("bias", "None"), ("temperature", "1.0"),
+        ("ignore_index", "-100"), ("return_entropy", "False"), ("impl", "'auto'"), ("process_group", "None"),
+        ("top_k", "None"), ("top_p", "None"), ("min_p", "None"), ("softcap", "None"), ("return_topk", "None"),
+        ("kept_ids", "None"), ("kept_offsets", "None"), ("batch_invariant", "False"),
+    ),
+    ("kernels/logprobs/api.py", "sampled_token_logprobs"): (
+        ("hidden", _N), ("weight", _N), ("targets", _N), ("*", _N), ("bias", "None"), ("temperature", "1.0"),
+        ("ignore_index", "-100"), ("return_entropy", "False"), ("impl", "'auto'"), ("top_k", "None"),
+        ("top_p", "None"), ("min_p", "None"), ("softcap", "None"), ("return_topk", "None"), ("kept_ids", "None"),
+        ("kept_offsets", "None"), ("batch_invariant", "False"),
+    ),
+    ("kernels/logprobs/kept_set.py", "kept_set_from_vllm"): (("sampling_masks", _N), ("completion_mask", _N)),
+    ("losses/grpo.py", "grpo_loss"): (
+        ("hidden", _N), ("weight", _N), ("targets", _N), ("mask", _N), ("advantages", _N), ("*", _N),
+        ("bias", "None"), ("old_logprobs", "None"), ("ref_logprobs", "None"), ("rollout_logprobs", "None"),
+        ("config", "None"), ("normalizer", "None"), ("impl", "'auto'"), ("process_group", "None"),
+        ("temperature", "None"), ("return_entropy", "False"), ("top_k", "None"), ("top_p", "None"),
+        ("min_p", "None"), ("kept_ids", "None"), ("kept_offsets", "None"), ("batch_invariant", "False"),
+    ),
+    ("losses/grpo.py", "GRPOLoss.__init__"): (
+        ("self", _N), ("*", _N), ("config", "None"), ("impl", "'auto'"), ("batch_invariant", "False"), ("**fields", _N),
+    ),
+    ("losses/grpo.py", "GRPOLoss.forward"): (
+        ("self", _N), ("hidden", _N), ("weight", _N), ("targets", _N), ("mask", _N), ("advantages", _N),
+        ("**kwargs", _N),
+    ),
+    ("losses/policy.py", "policy_loss"): (
+        ("logprobs", _N), ("advantages", _N), ("mask", _N), ("*", _N), ("old_logprobs", "None"),
+        ("ref_logprobs", "None"), ("rollout_logprobs", "None"), ("entropy", "None"), ("config", "None"),
+        ("normalizer", "None"), ("impl", "'auto'"),
+    ),
+    ("losses/config.py", "LossConfig"): (
+        ("loss_agg", "'token-mean'"), ("eps_low", "0.2"), ("eps_high", "0.2"), ("dual_clip", "None"),
+        ("beta", "0.0"), ("kl", "'k3'"), ("entropy_coef", "0.0"), ("temperature", "1.0"), ("ratio_level", "'token'"),
+        ("max_completion_length", "None"), ("is_cap", "None"), ("pg_loss", "'clip'"),
+        ("kl_bias_correction", "False"), ("kl_clip", "None"), ("is_level", "'token'"), ("is_mode", "'truncate'"),
+        ("is_min", "None"), ("is_log_clip", "None"), ("off_policy_mask", "None"), ("top_entropy_quantile", "1.0"),
+        ("entropy_agg", "'loss'"), ("count_empty_rows", "True"), ("sapo_tau_pos", "1.0"), ("sapo_tau_neg", "1.05"),
+        ("vespo_k_pos", "2.0"), ("vespo_lambda_pos", "3.0"), ("vespo_k_neg", "3.0"), ("vespo_lambda_neg", "2.0"),
+        ("rejection", "()"), ("top_k", "None"), ("top_p", "None"), ("min_p", "None"), ("softcap", "None"),
+    ),
+    ("kernels/sampler.py", "SamplerSettings"): (
+        ("temperature", "1.0"), ("top_k", "None"), ("top_p", "None"), ("min_p", "None"), ("softcap", "None"),
+    ),
+    ("integrations/trl_compat.py", "loss_config_from_trl"): (("args", _N),),
+    ("integrations/trl_compat.py", "trl_normalizer"): (
+        ("args", _N), ("mask", _N), ("*", _N), ("num_items_in_batch", "None"), ("gradient_accumulation_steps", "None"),
+        ("num_processes", "1"), ("training", "True"),
+    ),
+    ("integrations/verl_compat.py", "loss_config_from_verl"): (
+        ("actor", _N), ("*", _N), ("rollout_correction", "None"), ("temperature", "1.0"),
+    ),
+    ("integrations/verl_compat.py", "verl_normalizer"): (
+        ("config", _N), ("*", _N), ("dp_size", "1"), ("batch_num_tokens", "None"), ("global_batch_size", "None"),
+    ),
+    ("integrations/trl/head.py", "add_fastrl_lm_head"): (
+        ("model", _N), ("temperature", "1.0"), ("cast_lm_head_to_fp32", "False"), ("impl", "'auto'"),
+        ("sampler", "None"),
+    ),
+    ("integrations/trl/trainer.py", "use_fastrl"): (
+        ("trainer", _N), ("*", _N), ("sampler_exact", "False"), ("keep_attention_outputs", "True"),
+    ),
+    ("integrations/trl/options.py", "check_args"): (("args", _N),),
+    ("integrations/verl.py", "fastrl_policy_loss"): (
+        ("old_log_prob", _N), ("log_prob", _N), ("advantages", _N), ("response_mask", _N),
+        ("loss_agg_mode", "'token-mean'"), ("config", "None"), ("rollout_is_weights", "None"),
+    ),
+    ("integrations/verl.py", "use_fastrl_backend"): (),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("where", sorted(PUBLIC_SIGNATURES), ids=lambda w: w[1])
+def test_public_signatures_are_pinned(where):
+    # a user's call keeps working: a deliberate change edits this table and says so in the docs
+    assert _signature(*where) == PUBLIC_SIGNATURES[where]
+
+
+# --- one router: the loss's paths are picked in losses/route.py alone, the log-prob op's in its api.py alone ---
+LOSS_PATHS = ("fused_parts", "sampled_parts", "two_pass_parts")
+LOGPROB_PATHS = ("_plain", "_sampled", "_vocab_parallel", "_replay", "route")
+
+
+def _names_used(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    return used | {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+
+
+def test_one_router_picks_the_loss_path():
+    users = {name for name, p in MODULES.items() if _names_used(p) & set(LOSS_PATHS)}
+    assert users == {"fastrl.losses.route"}, users
+    # the fused pass's kernel entry is reached from the loss's paths only
+    users = {name for name, p in MODULES.items() if "policy_loss_grads" in _names_used(p)}
+    assert users <= {"fastrl.losses.route", "fastrl.kernels", "fastrl.kernels.fused_loss"}, users
+
+
+def test_one_router_picks_the_logprob_path():
+    prefix = "fastrl.kernels.logprobs."
+    users = {
+        name
+        for name, p in MODULES.items()
+        if name.startswith("fastrl.") and name != prefix + "api" and _names_used(p) & set(LOGPROB_PATHS[:4])
+    }
+    assert not users, users
+
+
+# --- function size in the op packages: <= 60 lines (docstring and @triton.jit bodies not counted), <= 8 params ---
+MAX_FUNCTION_LINES, MAX_PARAMS = 60, 8
+SIZED_PACKAGES = ("fastrl.kernels", "fastrl.losses", "fastrl.integrations")
+# the allowed exceptions to the parameter count: the public entry points and the references users call (a call
+# object carries the rest below them), and signatures a host library fixes (verl's model forward)
+PARAM_EXCEPTIONS = {
+    "fastrl.kernels.logprobs.api:token_logprobs",
+    "fastrl.kernels.logprobs.api:sampled_token_logprobs",
+    "fastrl.kernels.logprobs.naive:sampled_logprobs_reference",
+    "fastrl.kernels.logprobs.replay_naive:replay_logprobs_reference",
+    "fastrl.losses.grpo:grpo_loss",
+    "fastrl.losses.policy:policy_loss",
+    "fastrl.integrations.verl:forward_with_fastrl_backend",
+}
+# private functions still over the parameter limit: this list only shrinks
+PARAM_DEBT = {
+    "fastrl.kernels.fused_loss.api:fused_logprob_grads",
+    "fastrl.kernels.fused_loss.api:policy_loss_grads",
+    "fastrl.kernels.fused_loss.epilogue:fold_dz",
+    "fastrl.kernels.logprobs.api:_logprobs",
+    "fastrl.kernels.logprobs.bwd:logprob_backward",
+    "fastrl.kernels.logprobs.chunked:_vocab_major_forward",
+    "fastrl.kernels.logprobs.chunked:chunked_backward",
+    "fastrl.kernels.logprobs.replay_bwd:replay_backward_triton",
+    "fastrl.kernels.logprobs.replay_torch:pair_grads",
+    "fastrl.kernels.logprobs.replay_torch:replay_forward_torch",
+    "fastrl.kernels.logprobs.sampled:sampled_backward",
+    "fastrl.kernels.logprobs.sampled:sampled_forward",
+    "fastrl.kernels.logprobs.vocab_parallel:_forward",
+    "fastrl.kernels.policy.api:policy_rows",
+    "fastrl.kernels.policy.bwd:policy_bwd",
+    "fastrl.integrations.trl.head:head_policy_loss",
+}
+
+
+def _functions(name: str):
+    """(qualified name, node, in an autograd Function, is @triton.jit) of every function of a module."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    todo = [(node, False) for node in tree.body]
+    while todo:
+        node, in_function_class = todo.pop()
+        if isinstance(node, ast.ClassDef):
+            bases = {ast.unparse(b) for b in node.bases}
+            todo += [(n, any(b.endswith("autograd.Function") for b in bases)) for n in node.body]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            jit = any("jit" in ast.unparse(d) for d in node.decorator_list)
+            yield f"{name}:{node.name}", node, in_function_class, jit
+            todo += [(n, False) for n in node.body]
+
+
+def _body_lines(node) -> int:
+    first = node.body[0]
+    docstring = (
+        isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    )
+    start = first.end_lineno + 1 if docstring and len(node.body) > 1 else first.lineno
+    return node.end_lineno - start + 1
+
+
+def _params(node) -> int:
+    a = node.args
+    names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs] + [p.arg for p in (a.vararg, a.kwarg) if p]
+    return len([n for n in names if n not in ("self", "cls", "ctx")])
+
+
+def _sized():
+    for name in MODULES:
+        if any(name == p or name.startswith(p + ".") for p in SIZED_PACKAGES):
+            yield from _functions(name)
+
+
+def test_functions_stay_short():
+    long = {q: n for q, node, _, jit in _sized() if not jit and (n := _body_lines(node)) > MAX_FUNCTION_LINES}
+    assert not long, long
+
+
+def test_functions_take_few_parameters():
+    many = {
+        q: n
+        for q, node, autograd, jit in _sized()
+        if not (jit or autograd or q in PARAM_EXCEPTIONS) and (n := _params(node)) > MAX_PARAMS
+    }
+    assert set(many) <= PARAM_DEBT, sorted(set(many) - PARAM_DEBT)
+    assert PARAM_DEBT <= set(many), f"no longer over the limit, drop from PARAM_DEBT: {sorted(PARAM_DEBT - set(many))}"
+
+
+def test_importing_the_ops_loads_no_triton():
+    # the PyTorch walks run where triton is not installed (a CPU-only or a peer's environment): the import-time
+    # imports of fastrl.kernels / losses / integrations, followed through fastrl, never reach triton
+    seen, loaded = _import_time_closure(["fastrl.kernels", "fastrl.losses", "fastrl.integrations"])
+    assert "fastrl.kernels.logprobs.chunked" in seen and "fastrl.kernels.fused_loss.chunked" in seen
+    assert "triton" not in loaded, sorted(m for m in seen if "triton" in _imports(m, top_level_only=True))

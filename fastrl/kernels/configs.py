@@ -1,4 +1,5 @@
-"""Every launch constant and `triton.Config` of fastrl's Triton kernels, in one place.
+"""Every launch constant and `triton.Config` of fastrl's Triton kernels, in one place (the PyTorch walks' chunk
+budgets are in budgets.py, which imports no triton).
 
 Log-prob kernels: each has one known-good default per GPU generation (sm_80: A100, sm_90: H100/H200); the
 compile test builds each of them for both targets and checks for register spills and tensor-core
@@ -187,7 +188,8 @@ def kernel_and_kwargs(kernel: str, jit_fn, device: torch.device, tune: bool = Tr
 
 
 def poison_outputs() -> bool:
-    """FASTRL_POISON=1 fills kernel outputs with NaN before launch (tests: an unwritten element fails)."""
+    """FASTRL_POISON=1 fills kernel outputs with NaN before launch: a debugging aid (an element a kernel never
+    writes then shows as NaN instead of stale memory)."""
     return os.environ.get("FASTRL_POISON", "0") == "1"
 
 

@@ -5,11 +5,12 @@ import dataclasses
 import torch
 from torch import nn
 
-from fastrl.kernels import IMPLS, keep_rows, sampler_on, token_logprobs
+from fastrl.kernels import IMPLS, keep_rows
 
+from .call import LossCall, PolicyInputs
 from .config import LossConfig
-from .fused import fused_grpo_loss, sampled_grpo_parts, wants_fused
-from .policy import LossOutput, policy_loss
+from .policy import LossOutput, check_policy_inputs
+from .route import run
 
 __all__ = ["GRPOLoss", "IGNORE_INDEX", "grpo_loss"]
 
@@ -88,105 +89,54 @@ def grpo_loss(
     config = LossConfig() if config is None else config
     if not isinstance(config, LossConfig):
         raise TypeError(f"config must be a LossConfig or None, got {type(config).__name__}")
+    _check_head_call(hidden, mask, return_entropy, temperature, batch_invariant)
+    targets = _ignore_masked(targets, mask)
+    kept = None
+    if kept_ids is not None or kept_offsets is not None:
+        if kept_ids is None or kept_offsets is None:
+            raise ValueError("kept_ids and kept_offsets come together: pass both (the CSR of the kept sets) or neither")
+        kept = keep_rows(kept_ids, kept_offsets, (mask != 0).reshape(-1))
+    sampler = {
+        "top_k": config.top_k if top_k is None else top_k,
+        "top_p": config.top_p if top_p is None else top_p,
+        "min_p": config.min_p if min_p is None else min_p,
+    }
+    policy = PolicyInputs(advantages, mask, old_logprobs, ref_logprobs, rollout_logprobs, config, normalizer, impl)
+    call = LossCall(
+        hidden, weight, bias, targets, policy, config.temperature if temperature is None else temperature, sampler,
+        kept, process_group, return_entropy, batch_invariant, IGNORE_INDEX,
+    )  # fmt: skip
+    check_policy_inputs(policy, tuple(mask.shape), torch.float32, hidden.device, call.entropy_wanted)
+    return run(call)[0]
+
+
+def _check_head_call(hidden, mask, return_entropy, temperature, batch_invariant) -> None:
     if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
         raise ValueError(f"hidden must be a [B, T, D] tensor, got {getattr(hidden, 'shape', type(hidden).__name__)}")
     if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(hidden.shape[:2]):
         raise ValueError(
             f"mask must be a [B, T] = {tuple(hidden.shape[:2])} tensor, got {getattr(mask, 'shape', mask)}"
         )
-    if (
-        isinstance(targets, torch.Tensor)
-        and tuple(targets.shape) == tuple(mask.shape)
-        and mask.device == targets.device
-    ):
-        if targets.dtype in (torch.uint8, torch.int8, torch.int16):
-            targets = targets.long()  # -100 wraps in a narrow dtype (uint8: 156 == -100)
-        live = mask if mask.dtype == torch.bool else mask != 0
-        if targets.numel() and bool((live & (targets == IGNORE_INDEX)).any()):
-            raise ValueError(f"targets hold ignore_index={IGNORE_INDEX} at a position where mask is 1")
-        # Masked positions are ignored by the log-prob op: any id is allowed there and costs no gradient.
-        targets = torch.where(live, targets, torch.full_like(targets, IGNORE_INDEX))
     if not isinstance(return_entropy, bool):
         raise TypeError(f"return_entropy must be a bool, got {type(return_entropy).__name__}")
     if temperature is not None and not isinstance(temperature, torch.Tensor):
         raise TypeError(f"temperature must be None (config.temperature) or a [B, T] tensor, got {temperature!r}")
-    tau = config.temperature if temperature is None else temperature
-    sampler = {
-        "top_k": config.top_k if top_k is None else top_k,
-        "top_p": config.top_p if top_p is None else top_p,
-        "min_p": config.min_p if min_p is None else min_p,
-    }
-    if kept_ids is not None or kept_offsets is not None:
-        if kept_ids is None or kept_offsets is None:
-            raise ValueError("kept_ids and kept_offsets come together: pass both (the CSR of the kept sets) or neither")
-        kept_ids, kept_offsets = keep_rows(kept_ids, kept_offsets, (mask != 0).reshape(-1))
-        return sampled_grpo_parts(
-            hidden, weight, targets, mask, advantages, bias=bias, old=old_logprobs, ref=ref_logprobs,
-            rollout=rollout_logprobs, config=config, normalizer=normalizer, impl=impl, temperature=tau,
-            return_entropy=return_entropy, ignore_index=IGNORE_INDEX, sampler=sampler, process_group=process_group,
-            kept=(kept_ids, kept_offsets), batch_invariant=batch_invariant,
-        )[0]  # fmt: skip
-    if sampler_on(**sampler, softcap=config.softcap):
-        return sampled_grpo_parts(
-            hidden, weight, targets, mask, advantages, bias=bias, old=old_logprobs, ref=ref_logprobs,
-            rollout=rollout_logprobs, config=config, normalizer=normalizer, impl=impl, temperature=tau,
-            return_entropy=return_entropy, ignore_index=IGNORE_INDEX, sampler=sampler, process_group=process_group,
-            batch_invariant=batch_invariant,
-        )[0]  # fmt: skip
-    if (
-        isinstance(hidden, torch.Tensor)
-        and isinstance(weight, torch.Tensor)
-        and weight.dtype == torch.float32
-        and hidden.dtype in (torch.float16, torch.bfloat16)
-    ):
-        hidden = hidden.float()  # a float32 head (docs/math.md §8): one O(N·D) copy; d_hidden comes back in bf16
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant must be a bool, got {batch_invariant!r}")
-    if process_group is None and wants_fused(hidden, weight, bias, config, old_logprobs, rollout_logprobs):
-        return fused_grpo_loss(
-            hidden,
-            weight,
-            targets,
-            mask,
-            advantages,
-            bias=bias,
-            old=old_logprobs,
-            ref=ref_logprobs,
-            rollout=rollout_logprobs,
-            config=config,
-            normalizer=normalizer,
-            impl=impl,
-            temperature=tau,
-            return_entropy=return_entropy,
-            ignore_index=IGNORE_INDEX,
-            batch_invariant=batch_invariant,
-        )
-    need_entropy = config.entropy_coef != 0 or config.top_entropy_quantile < 1 or return_entropy
-    out = token_logprobs(
-        hidden,
-        weight,
-        targets,
-        bias=bias,
-        temperature=tau,
-        ignore_index=IGNORE_INDEX,
-        return_entropy=need_entropy,
-        impl=impl,
-        process_group=process_group,
-        batch_invariant=batch_invariant,
-    )
-    logp, entropy = out if need_entropy else (out, None)
-    return policy_loss(
-        logp,
-        advantages,
-        mask,
-        old_logprobs=old_logprobs,
-        ref_logprobs=ref_logprobs,
-        rollout_logprobs=rollout_logprobs,
-        entropy=entropy,
-        config=config,
-        normalizer=normalizer,
-        impl=impl,
-    )
+
+
+def _ignore_masked(targets, mask: torch.Tensor):
+    """targets with IGNORE_INDEX wherever mask is 0 (any id may sit there, and costs no gradient); a mask-1
+    position holding IGNORE_INDEX is a ValueError. Targets of the wrong shape or device pass through unchanged,
+    for the log-prob op's checks to name."""
+    if not (isinstance(targets, torch.Tensor) and targets.shape == mask.shape and mask.device == targets.device):
+        return targets
+    if targets.dtype in (torch.uint8, torch.int8, torch.int16):
+        targets = targets.long()  # -100 wraps in a narrow dtype (uint8: 156 == -100)
+    live = mask if mask.dtype == torch.bool else mask != 0
+    if targets.numel() and bool((live & (targets == IGNORE_INDEX)).any()):
+        raise ValueError(f"targets hold ignore_index={IGNORE_INDEX} at a position where mask is 1")
+    return torch.where(live, targets, torch.full_like(targets, IGNORE_INDEX))
 
 
 class GRPOLoss(nn.Module):

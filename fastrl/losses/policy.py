@@ -8,11 +8,22 @@ import torch
 
 from fastrl.kernels import STATS, PolicyLossParams, policy_rows, resolve_impl
 
+from .call import PolicyInputs
 from .config import LossConfig
 from .normalizer import Normalizer
 from .weights import policy_weight, rejection_keep
 
-__all__ = ["METRIC_KEYS", "LossOutput", "Normalizer", "aggregate", "kernel_params", "policy_loss"]
+__all__ = [
+    "METRIC_KEYS",
+    "LossOutput",
+    "Normalizer",
+    "aggregate",
+    "check_live_finite",
+    "check_policy_inputs",
+    "kernel_params",
+    "policy_loss",
+    "policy_loss_of",
+]
 
 # The per-token means a loss call can report in `LossOutput.metrics` (besides `num_tokens`), under the names
 # the trainer logs them, each with the `STATS` column it averages (None: computed with the weights); a metric
@@ -46,16 +57,28 @@ def _tensor(name, t, *, optional=False):
         raise TypeError(f"{name} must be a torch.Tensor{' or None' if optional else ''}, got {type(t).__name__}")
 
 
-def _check_inputs(logprobs, advantages, mask, old, ref, rollout, entropy, config: LossConfig) -> None:
-    """Raise TypeError/ValueError naming the bad value; see `policy_loss` for the contract."""
-    _tensor("logprobs", logprobs)
+def _check_logprobs(name: str, t, shape=None, dtype=None) -> None:
+    _tensor(name, t, optional=shape is not None)
+    if t is None:
+        return
+    if shape is None:
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be [B, T], got shape {tuple(t.shape)}")
+        return
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} shape {tuple(t.shape)} must equal logprobs shape {shape}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} dtype {t.dtype} must equal logprobs dtype {dtype}")
+
+
+def check_policy_inputs(p: PolicyInputs, shape: tuple, dtype: torch.dtype, device, has_entropy: bool) -> None:
+    """The policy inputs of a call whose log-probs will be `[B, T]` = `shape` of `dtype` on `device` (checked before
+    any vocabulary work); raise TypeError / ValueError naming the bad value (see `policy_loss`)."""
+    advantages, mask = p.advantages, p.mask
     _tensor("advantages", advantages)
     _tensor("mask", mask)
-    if not logprobs.is_floating_point():
-        raise TypeError(f"logprobs must be a floating tensor, got dtype {logprobs.dtype}")
-    if logprobs.dim() != 2:
-        raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
-    shape, device = tuple(logprobs.shape), logprobs.device
     if tuple(mask.shape) != shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} must equal logprobs shape {shape}")
     if mask.is_complex():
@@ -64,19 +87,23 @@ def _check_inputs(logprobs, advantages, mask, old, ref, rollout, entropy, config
         raise TypeError(f"advantages must be a floating tensor, got dtype {advantages.dtype}")
     if tuple(advantages.shape) not in (shape[:1], shape):
         raise ValueError(f"advantages must be [B] = {shape[:1]} or [B, T] = {shape}, got {tuple(advantages.shape)}")
-    named = (("old_logprobs", old), ("ref_logprobs", ref), ("rollout_logprobs", rollout), ("entropy", entropy))
+    named = (("old_logprobs", p.old), ("ref_logprobs", p.ref), ("rollout_logprobs", p.rollout))
     for name, t in named:
-        _tensor(name, t, optional=True)
-        if t is None:
-            continue
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name} shape {tuple(t.shape)} must equal logprobs shape {shape}")
-        if t.dtype != logprobs.dtype:
-            raise TypeError(f"{name} dtype {t.dtype} must equal logprobs dtype {logprobs.dtype}")
+        _check_logprobs(name, t, shape, dtype)
     for name, t in (("advantages", advantages), ("mask", mask)) + named:
         if t is not None and t.device != device:
             raise ValueError(f"{name} is on {t.device} but logprobs is on {device}")
-    if config.beta > 0 and ref is None:
+    _check_needs(p, has_entropy)
+    if mask.dtype != torch.bool and mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
+        bad = mask[(mask != 0) & (mask != 1)][0].item()
+        raise ValueError(f"mask must hold only 0 and 1, found {bad}")
+    per_token = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1).expand(shape)
+    check_live_finite(p, (("advantages", per_token),) + named)
+
+
+def _check_needs(p: PolicyInputs, has_entropy: bool) -> None:
+    config, rollout = p.config, p.rollout
+    if config.beta > 0 and p.ref is None:
         raise ValueError(f"config.beta={config.beta} > 0 needs ref_logprobs")
     if config.is_cap is not None and rollout is None:
         raise ValueError(f"config.is_cap={config.is_cap} needs rollout_logprobs (the sampler's log-probs)")
@@ -87,23 +114,25 @@ def _check_inputs(logprobs, advantages, mask, old, ref, rollout, entropy, config
             "rollout_logprobs was given but config.is_cap is None (and so are config.off_policy_mask and "
             "config.rejection): set is_cap to apply the IS weight"
         )
-    if config.entropy_coef != 0 and entropy is None:
+    if config.entropy_coef != 0 and not has_entropy:
         raise ValueError(f"config.entropy_coef={config.entropy_coef} != 0 needs entropy")
-    if config.top_entropy_quantile < 1 and entropy is None:
+    if config.top_entropy_quantile < 1 and not has_entropy:
         raise ValueError(f"config.top_entropy_quantile={config.top_entropy_quantile} < 1 needs entropy")
-    if mask.dtype != torch.bool and mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
-        bad = mask[(mask != 0) & (mask != 1)][0].item()
-        raise ValueError(f"mask must hold only 0 and 1, found {bad}")
-    if device.type == "cpu" and mask.numel():
-        # A NaN or inf where the mask is 1 is an error on the CPU. On an accelerator this check would sync
-        # with the host, so there such a value propagates into a NaN loss, never a silently different one.
-        live = mask if mask.dtype == torch.bool else mask != 0
-        per_token = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1).expand(shape)
-        for name, t in (("logprobs", logprobs), ("advantages", per_token)) + named:
-            bad = None if t is None else live & ~torch.isfinite(t.detach())
-            if bad is not None and bool(bad.any()):
-                b, i = bad.nonzero()[0].tolist()
-                raise ValueError(f"{name} is {t[b, i].item()} at position [{b}, {i}], where mask is 1")
+
+
+def check_live_finite(p: PolicyInputs, named) -> None:
+    """On the CPU, a NaN or inf where the mask is 1 is an error naming the tensor and position. On an accelerator
+    this check would sync with the host, so there such a value propagates into a NaN loss, never a silently
+    different one."""
+    mask = p.mask
+    if mask.device.type != "cpu" or not mask.numel():
+        return
+    live = p.live
+    for name, t in named:
+        bad = None if t is None else live & ~torch.isfinite(t.detach())
+        if bad is not None and bool(bad.any()):
+            b, i = bad.nonzero()[0].tolist()
+            raise ValueError(f"{name} is {t[b, i].item()} at position [{b}, {i}], where mask is 1")
 
 
 def _count(value, name: str, device) -> torch.Tensor:
@@ -241,17 +270,29 @@ def policy_loss(
     config = LossConfig() if config is None else config
     if not isinstance(config, LossConfig):
         raise TypeError(f"config must be a LossConfig or None, got {type(config).__name__}")
-    _check_inputs(logprobs, advantages, mask, old_logprobs, ref_logprobs, rollout_logprobs, entropy, config)
-    steps = 1.0
+    p = PolicyInputs(advantages, mask, old_logprobs, ref_logprobs, rollout_logprobs, config, normalizer, impl)
+    _check_logprobs("logprobs", logprobs)
+    shape = tuple(logprobs.shape)
+    _check_logprobs("entropy", entropy, shape, logprobs.dtype)
+    if entropy is not None and entropy.device != logprobs.device:
+        raise ValueError(f"entropy is on {entropy.device} but logprobs is on {logprobs.device}")
+    check_policy_inputs(p, shape, logprobs.dtype, logprobs.device, entropy is not None)
+    check_live_finite(p, (("logprobs", logprobs), ("entropy", entropy)))
+    return policy_loss_of(logprobs, entropy, p)
+
+
+def policy_loss_of(logprobs: torch.Tensor, entropy: torch.Tensor | None, p: PolicyInputs) -> LossOutput:
+    """`policy_loss` of a checked call (`check_policy_inputs` and the log-probs' own checks have run)."""
+    config, old_logprobs, rollout_logprobs, impl = p.config, p.old, p.rollout, p.impl
+    mask, normalizer, steps = p.mask, p.normalizer, 1.0
     if isinstance(normalizer, Normalizer):
         normalizer, steps = normalizer.policy, normalizer.accumulation_steps
-    params = kernel_params(config)
-    m = mask if mask.dtype == torch.bool else mask != 0
+    m = p.live
     m_in, rejected = m, None
     if config.rejection:  # the rejected tokens leave the loss, its counts and metrics
         m = rejection_keep(logprobs, old_logprobs, rollout_logprobs, m_in, config.rejection)
         mask, rejected = m, (m_in & ~m).sum() / m_in.sum().clamp(min=1)
-    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)
+    adv = p.advantages if p.advantages.dim() == 2 else p.advantages.unsqueeze(-1)
     weight, h_mask, extra = policy_weight(
         config, logprobs, old_logprobs, rollout_logprobs, m, adv, entropy, is_mask=m_in
     )
@@ -260,11 +301,11 @@ def policy_loss(
     if weight is not None and resolve_impl(impl, logprobs.device) == "triton":
         weight = weight.float()
     row_loss, stats = policy_rows(
-        logprobs, advantages, mask, old_logprobs, ref_logprobs, weight, entropy, params, impl=impl
+        logprobs, p.advantages, mask, old_logprobs, p.ref, weight, entropy, kernel_params(config), impl=impl
     )
     loss = aggregate(row_loss, stats[:, _TOKENS].to(row_loss.dtype), config, normalizer)
     if config.entropy_agg == "token-mean" and config.entropy_coef != 0:
         loss = loss + _entropy_bonus(entropy, m, h_mask, config, steps).to(loss.dtype)
-    metrics = _metrics_from_stats(stats, config, ref_logprobs is not None, entropy is not None)
+    metrics = _metrics_from_stats(stats, config, p.ref is not None, entropy is not None)
     metrics.update(extra)
     return LossOutput(loss, metrics)

@@ -6,7 +6,7 @@ import torch
 from test_fused_loss import _kwargs, make_inputs
 
 from fastrl import LossConfig, grpo_loss, policy_loss, token_logprobs
-from fastrl.losses.fused import wants_fused
+from fastrl.losses.route import wants_fused
 
 CONFIGS = {
     # per-token once the constants are known: the gradient-in-forward path

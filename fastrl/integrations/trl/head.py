@@ -21,8 +21,9 @@ import torch
 
 from fastrl.hf import lm_body_and_head
 from fastrl.kernels import token_logprobs
-from fastrl.losses import policy_loss
-from fastrl.losses.fused import fused_grpo_parts, sampled_grpo_parts, wants_fused
+from fastrl.losses.call import LossCall, PolicyInputs
+from fastrl.losses.policy import check_policy_inputs
+from fastrl.losses.route import run
 
 from .gather import full_head, gathered, zero3_params, zero3_partitioned, zero3_scored
 
@@ -67,40 +68,27 @@ def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_
 
 def head_policy_loss(
     model, hidden, targets, mask, advantages, *, temperature: float, cast_lm_head_to_fp32: bool, impl: str, config,
-    normalizer, old=None, ref=None, rollout=None, entropy_in_loss: bool = False,
+    normalizer, old=None, ref=None, rollout=None,
 ):  # fmt: skip
     """(LossOutput, logp, entropy) of the policy loss on `hidden` `[B, T, D]` under `model`'s head, in one call.
 
-    `targets` hold -100 wherever `mask` is 0. With a token-level ratio and a gradient to form (`wants_fused`) the
-    gradients of hidden and the head are formed in the vocabulary pass itself (docs/math.md §7): three GEMMs a token
-    instead of the forward's one and a recomputing backward's three, and the entropy metric from the same pass.
-    Otherwise the log-probs come from `token_logprobs` and the loss from `policy_loss`, as `head_logprobs` feeds it;
-    a config with the sampler on (`config.sampler_on`) gets the log-probs of the sampler's distribution.
-    Not for a ZeRO-3 partitioned head (its d_weight would reach a parameter gathered only in the forward)."""
+    `targets` hold -100 wherever `mask` is 0. The call goes through the loss's one router (`fastrl.losses.route`),
+    as `grpo_loss`'s does: with a token-level ratio and a gradient to form the gradients of hidden and the head are
+    formed in the vocabulary pass itself (docs/math.md §7): three GEMMs a token instead of the forward's one and a
+    recomputing backward's three, and the entropy from the same pass; a config with the sampler on
+    (`config.sampler_on`) gets the log-probs of the sampler's distribution. The entropy is always computed (TRL logs
+    it). Not for a ZeRO-3 partitioned head (its d_weight would reach a parameter gathered only in the forward)."""
     _, weight, bias = lm_body_and_head(model)
     weight, bias = full_head(weight, bias)
     dtype = _compute_dtype(hidden, cast_lm_head_to_fp32)
     hidden, weight = hidden.to(weight.device, dtype), weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
     targets = targets.to(weight.device)
-    losses = dict(old=old, ref=ref, rollout=rollout, config=config, normalizer=normalizer)
-    if config.sampler_on:  # the sampler's distribution (docs/math.md §8), which neither path below computes
-        return sampled_grpo_parts(
-            hidden, weight, targets, mask, advantages, bias=bias, impl=impl, temperature=temperature,
-            return_entropy=True, ignore_index=IGNORE_INDEX, **losses,
-        )  # fmt: skip
-    if wants_fused(hidden, weight, bias, config, old, rollout):
-        return fused_grpo_parts(
-            hidden, weight, targets, mask, advantages, bias=bias, impl=impl, temperature=temperature,
-            return_entropy=True, ignore_index=IGNORE_INDEX, **losses,
-        )  # fmt: skip
-    logp, entropy = token_logprobs(hidden, weight, targets, bias=bias, temperature=temperature,
-                                   ignore_index=IGNORE_INDEX, return_entropy=True, impl=impl)  # fmt: skip
-    out = policy_loss(
-        logp, advantages, mask, old_logprobs=old, ref_logprobs=ref, rollout_logprobs=rollout,
-        entropy=entropy if entropy_in_loss else None, config=config, normalizer=normalizer,
-    )  # fmt: skip
-    return out, logp, entropy
+    policy = PolicyInputs(advantages, mask, old, ref, rollout, config, normalizer, impl)
+    call = LossCall(hidden, weight, bias, targets, policy, temperature, config.sampler.truncation(), None, None,
+                    True, False, IGNORE_INDEX)  # fmt: skip
+    check_policy_inputs(policy, tuple(mask.shape), torch.float32, hidden.device, True)
+    return run(call)
 
 
 def add_fastrl_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: bool = False, impl: str = "auto",

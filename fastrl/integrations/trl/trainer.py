@@ -19,7 +19,7 @@ from trl import GRPOTrainer
 from fastrl.hf import keep_attention_in_checkpoints
 from fastrl.integrations.trl_compat import TRL_GLOBAL_TOKEN_TYPES, trl_normalizer
 from fastrl.losses import policy_loss
-from fastrl.losses.fused import fusable_loss
+from fastrl.losses.route import fusable_loss
 
 from .gather import zero3_params
 from .head import IGNORE_INDEX, add_fastrl_lm_head, head_policy_loss
@@ -131,7 +131,7 @@ def _fastrl_compute_loss(trainer, model, inputs):
         rollout=inputs.get("sampling_per_token_logps") if uses_rollout else None, config=config, normalizer=normalizer,
     )  # fmt: skip
     if _loss_in_forward(trainer, inputs, losses):
-        loss = _head_loss(trainer, completion_ids, mask, inputs["advantages"], losses, uses_entropy)
+        loss = _head_loss(trainer, completion_ids, mask, inputs["advantages"], losses)
         k = completion_ids.size(1)
         logp, entropies, out = trainer._fastrl_scored_loss(model, input_ids, attention_mask, k, loss)
     else:
@@ -162,7 +162,7 @@ def _loss_in_forward(trainer, inputs, losses) -> bool:
     return fusable_loss(losses["config"], losses["old"])
 
 
-def _head_loss(trainer, completion_ids, mask, advantages, losses, uses_entropy):
+def _head_loss(trainer, completion_ids, mask, advantages, losses):
     """`fastrl_loss` for the patched forward: the policy loss of the completion on the body's last hidden state."""
     k = completion_ids.size(1)
     live = mask if mask.dtype == torch.bool else mask != 0
@@ -172,7 +172,7 @@ def _head_loss(trainer, completion_ids, mask, advantages, losses, uses_entropy):
     def loss(module, hidden):  # hidden [B, P + K, D]: positions P - 1 … P + K - 2 predict the completion
         return head_policy_loss(
             module, hidden[:, -k - 1 : -1], targets, mask, advantages, temperature=head["temperature"],
-            cast_lm_head_to_fp32=head["cast_lm_head_to_fp32"], impl="auto", entropy_in_loss=uses_entropy, **losses,
+            cast_lm_head_to_fp32=head["cast_lm_head_to_fp32"], impl="auto", **losses,
         )  # fmt: skip
 
     return loss

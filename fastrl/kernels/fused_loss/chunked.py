@@ -9,10 +9,9 @@ to the full row count with zero rows, so no product's shape follows N. The fold 
 "torch") or as the two Triton kernels of epilogue.py (impl "triton"); the GEMMs are torch's either way.
 """
 
-import os
-
 import torch
 
+from ..budgets import FUSED_CPU_CHUNK_BYTES, FUSED_GPU_CHUNK_BYTES, FUSED_MIN_ROWS, chunk_budget
 from ..logits import divide_rows, logit_tile
 from ..logprobs.invariant import pad_rows
 from .lean import lean_applies, lean_forward
@@ -20,23 +19,13 @@ from .params import FusedLossParams
 
 __all__ = ["fused_rows", "fused_forward"]
 
-_CPU_CHUNK_BYTES = 64 * 2**20
-_GPU_CHUNK_BYTES = 2**31
-
 
 def fused_rows(vocab: int, device: torch.device) -> int:
-    """Tokens per chunk so that one float32 `[rows, vocab]` tile is about FASTRL_CHUNK_BYTES.
-
-    The default is 64 MiB on CPU (512 rows at V = 32k: MKL's three GEMMs run as fast as at 1024-2048 rows,
-    at half the memory) and 2 GiB on a GPU (large GEMMs; the `[V, D]` float32 d_weight is read and written
-    once per chunk), and never under 256 rows.
-    """
-    default = _CPU_CHUNK_BYTES if device.type == "cpu" else _GPU_CHUNK_BYTES
-    budget = os.environ.get("FASTRL_CHUNK_BYTES")
-    # Without an explicit budget, at least 256 rows: each chunk reads and writes the whole `[V, D]` float32
-    # d_weight, so its GEMM needs an inner dim of a few hundred to stay compute-bound (at V = 152k, 32 MiB
-    # gave 55 rows, and the d_weight traffic dominated).
-    rows = max(16, int(budget) // (4 * vocab)) if budget else max(256, default // (4 * vocab))
+    """Tokens per chunk so that one float32 `[rows, vocab]` tile is about FASTRL_CHUNK_BYTES, or by default the
+    device's budget (configs.py: 64 MiB on CPU, 2 GiB on a GPU), never under FUSED_MIN_ROWS rows."""
+    default = FUSED_CPU_CHUNK_BYTES if device.type == "cpu" else FUSED_GPU_CHUNK_BYTES
+    budget = chunk_budget()
+    rows = max(16, budget // (4 * vocab)) if budget else max(FUSED_MIN_ROWS, default // (4 * vocab))
     return rows if device.type == "cpu" or rows < 256 else rows // 128 * 128
 
 

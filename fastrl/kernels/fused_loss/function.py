@@ -1,7 +1,8 @@
 """The autograd Function of the gradient-in-forward loss: its backward only scales stored gradients."""
 
 import torch
-from torch.autograd.function import once_differentiable
+
+from ..autograd import differentiable_once
 
 __all__ = ["attach_gradients", "take_weight_gradient"]
 
@@ -10,10 +11,11 @@ class _StoredGradients(torch.autograd.Function):
     @staticmethod
     def forward(ctx, loss, grads, hidden, weight, bias):
         ctx.grads = grads  # (d_hidden, d_weight, d_bias) of the loss, formed in the forward pass
+        ctx.save_for_backward(hidden, weight, bias)  # for differentiable_once: the inputs a second derivative reaches
         return loss.clone()
 
     @staticmethod
-    @once_differentiable  # a second derivative must raise, not be silently zero
+    @differentiable_once  # a second derivative must raise, not be silently zero
     def backward(ctx, grad_loss):
         grads = ctx.grads
         if grads is None:

@@ -12,6 +12,7 @@ and `_PATHS` runs it. Each path takes the one `_Call` and returns `SampledLogpro
 path is one more branch of `route` and one more entry of `_PATHS`.
 """
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -35,8 +36,7 @@ class _Call(NamedTuple):
     weight: torch.Tensor  # [V, D] (this rank's rows on the vocab-parallel path)
     bias: torch.Tensor | None  # [V] or None
     targets: torch.Tensor  # [N] int32 / int64, ignore_index already < 2**31 in magnitude
-    tau: float | torch.Tensor  # the temperature: a float (then params.temperature) or [N] float32
-    params: LogprobParams
+    params: LogprobParams  # the temperature's one home: a float, or [N] float32 (one per row)
     impl: str  # "triton" or "torch"
     trunc: Truncation | None  # the sampler's rules per row, None when every rule is off
     return_topk: int | None
@@ -53,7 +53,7 @@ def route(call: _Call) -> str:
         return "replay"
     if call.trunc is not None or call.params.softcap is not None or call.return_topk is not None:
         return "sampled"
-    return "sampled" if isinstance(call.tau, torch.Tensor) else "plain"
+    return "sampled" if isinstance(call.params.temperature, torch.Tensor) else "plain"
 
 
 def _plain(c: _Call) -> SampledLogprobs:
@@ -64,25 +64,23 @@ def _plain(c: _Call) -> SampledLogprobs:
 
 def _sampled(c: _Call) -> SampledLogprobs:
     hidden = c.hidden.to(c.weight.dtype) if c.impl == "triton" else c.hidden  # the torch tiles upcast per chunk
-    return token_logprobs_sampled(
-        hidden, c.weight, c.targets.long(), c.bias, c.tau, c.trunc, c.params, c.impl, c.return_topk
-    )
+    return token_logprobs_sampled(hidden, c.weight, c.targets.long(), c.bias, c.trunc, c.params, c.impl, c.return_topk)
 
 
 def _vocab_parallel(c: _Call) -> SampledLogprobs:
     hidden = c.hidden if c.hidden.dtype == c.weight.dtype else c.hidden.to(c.weight.dtype)
     logp, entropy = token_logprobs_vocab_parallel(
-        hidden, c.weight, c.targets, c.bias, c.tau, c.params, c.group, c.impl, c.first_row
+        hidden, c.weight, c.targets, c.bias, c.params, c.group, c.impl, c.first_row
     )
     return SampledLogprobs(logp, entropy, None, None, None)
 
 
 def _replay(c: _Call) -> SampledLogprobs:
-    n = c.targets.shape[0]
-    if isinstance(c.tau, torch.Tensor):
-        scale = 1.0 / c.tau
+    n, tau = c.targets.shape[0], c.params.temperature
+    if isinstance(tau, torch.Tensor):
+        scale = 1.0 / tau
     else:
-        scale = torch.full((n,), 1.0 / c.tau, dtype=torch.float32, device=c.hidden.device)
+        scale = torch.full((n,), 1.0 / tau, dtype=torch.float32, device=c.hidden.device)
     params = ReplayParams(c.params.ignore_index, c.params.softcap, c.impl)
     out = replay_logprobs(c.hidden, c.weight, c.bias, c.targets.long(), scale, c.kept, params, c.return_topk)
     entropy = out.entropy if c.params.return_entropy else None
@@ -98,15 +96,17 @@ def _in_blocks(c: _Call) -> SampledLogprobs:
     live = torch.nonzero(c.targets != c.params.ignore_index).squeeze(-1)
     if live.numel() == 0:
         return run(c)
-    vocab, per_row = c.weight.shape[0], isinstance(c.tau, torch.Tensor)
+    vocab, tau = c.weight.shape[0], c.params.temperature
+    per_row = isinstance(tau, torch.Tensor)
     rows = invariant_rows(vocab) if run is _plain else sampled_tile_rows(vocab)
     rules = tuple(zip(c.trunc or (None,) * 3, (0, 1.0, 0.0)))  # a padding row keeps every token
 
-    def block(hidden, targets, tau, *rule_rows):
+    def block(hidden, targets, rows_tau, *rule_rows):
         trunc = None if c.trunc is None else Truncation(*rule_rows)
-        return tuple(run(c._replace(hidden=hidden, targets=targets, tau=tau if per_row else c.tau, trunc=trunc)))
+        params = dataclasses.replace(c.params, temperature=rows_tau) if per_row else c.params
+        return tuple(run(c._replace(hidden=hidden, targets=targets, params=params, trunc=trunc)))
 
-    inputs = ((c.hidden, 0.0), (c.targets, 0), (c.tau, 1.0) if per_row else (None, None), *rules)
+    inputs = ((c.hidden, 0.0), (c.targets, 0), (tau, 1.0) if per_row else (None, None), *rules)
     return SampledLogprobs(*run_blocks(block, live, c.targets.shape[0], rows, inputs))
 
 
@@ -184,11 +184,11 @@ def _logprobs(hidden, weight, targets, *, bias, temperature, ignore_index, retur
         ignore_index = -1
     per_token = isinstance(temperature, torch.Tensor)
     tau = temperature.reshape(-1).float() if per_token else float(temperature)
-    params = LogprobParams(1.0 if per_token else tau, ignore_index, bool(return_entropy), softcap, batch_invariant)
+    params = LogprobParams(tau, ignore_index, bool(return_entropy), softcap, batch_invariant)
     h2 = hidden.reshape(targets.numel(), hidden.shape[-1])  # not -1: D = 0 or N = 0 leave -1 ambiguous
     t1 = targets.reshape(-1)
     kept = check_kept_set(kept_ids, kept_offsets, t1, ignore_index, vocab, on_missing) if replay else None
-    call = _Call(h2, weight, bias, t1, tau, params, impl, trunc, return_topk, process_group, first_row, kept)
+    call = _Call(h2, weight, bias, t1, params, impl, trunc, return_topk, process_group, first_row, kept)
     path = route(call)
     # the torch walks reach invariance through fixed blocks; the Triton kernels and the replay path by themselves
     invariant_blocks = batch_invariant and impl == "torch" and path in ("plain", "sampled")

@@ -178,25 +178,22 @@ def logprob_backward(
     grad_entropy: torch.Tensor | None,
     params: LogprobParams,
     needs: tuple[bool, bool, bool],
-    chunk_cols: int | None = None,
     theta: torch.Tensor | None = None,
     row_scale: torch.Tensor | None = None,
 ):
     """(d_hidden, d_weight, d_bias), each None unless `needs` (hidden, weight, bias) asks for it.
 
     `lse`, `entropy`, `grad_*` are `[N]` float32 (those of the kept set when `theta` is given, which the
-    gradient treats as fixed); `theta`, `row_scale` as in `logprob_partials`; `chunk_cols` overrides the
-    slab width (tests). The slab is in the weight's dtype: float32 for a half-precision hidden with an fp32
-    head, whose d_hidden comes back in hidden's dtype and d_weight in float32.
+    gradient treats as fixed); `theta`, `row_scale` as in `logprob_partials`. The slab is in the weight's dtype:
+    float32 for a half-precision hidden with an fp32 head, whose d_hidden comes back in hidden's dtype and d_weight
+    in float32.
     """
     n, d = hidden.shape
     v = weight.shape[0]
     dev = hidden.device
     invariant = params.batch_invariant
-    if chunk_cols is None:
-        # batch invariance: the chunk width (the order of the d_hidden sum) of a fixed token count, not N's
-        chunk_cols = _slab_cols(_INVARIANT_TOKENS if invariant else n, v, weight.element_size())
-    chunk_cols = min(chunk_cols, v)
+    # batch invariance: the chunk width (the order of the d_hidden sum) of a fixed token count, not N's
+    chunk_cols = min(_slab_cols(_INVARIANT_TOKENS if invariant else n, v, weight.element_size()), v)
     grad_logp = torch.zeros(n, dtype=torch.float32, device=dev) if grad_logp is None else grad_logp.float()
     if grad_entropy is not None:
         if entropy is None:

@@ -13,10 +13,9 @@ within 32–128 MiB). The math is docs/math.md §1; the autograd Function that r
 function.py.
 """
 
-import os
-
 import torch
 
+from ..budgets import CHUNK_MAX_BYTES, CHUNK_MIN_BYTES, chunk_budget
 from ..logits import divide_rows, logit_tile
 from .params import LogprobParams
 from .vocab_major import shifted_exp_t, tile_t, vocab_major_rows
@@ -33,18 +32,16 @@ __all__ = [
     "slab_grads",
 ]
 
-_MIN_CHUNK_BYTES, _MAX_CHUNK_BYTES = 32 * 2**20, 128 * 2**20
-
 
 def chunk_bytes(tokens: int | None = None, vocab: int | None = None) -> int:
-    """The float32 tile budget: FASTRL_CHUNK_BYTES if set, else 1/8 of the full `[tokens, vocab]` logits,
-    kept within 32–128 MiB (larger tiles run the GEMMs faster; 1/8 keeps a small batch's tiles small)."""
-    budget = os.environ.get("FASTRL_CHUNK_BYTES")
+    """The float32 tile budget: FASTRL_CHUNK_BYTES if set, else 1/8 of the full `[tokens, vocab]` logits within
+    [CHUNK_MIN_BYTES, CHUNK_MAX_BYTES] (configs.py)."""
+    budget = chunk_budget()
     if budget is not None:
-        return int(budget)
+        return budget
     if tokens is None or vocab is None:
-        return _MIN_CHUNK_BYTES
-    return min(_MAX_CHUNK_BYTES, max(_MIN_CHUNK_BYTES, 4 * tokens * vocab // 8))
+        return CHUNK_MIN_BYTES
+    return min(CHUNK_MAX_BYTES, max(CHUNK_MIN_BYTES, 4 * tokens * vocab // 8))
 
 
 def chunk_rows(vocab: int, tokens: int | None = None) -> int:

@@ -208,7 +208,6 @@ def logprob_partials(
     targets: torch.Tensor,
     bias: torch.Tensor | None,
     params: LogprobParams,
-    n_splits: int | None = None,
     theta: torch.Tensor | None = None,
     row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -224,9 +223,9 @@ def logprob_partials(
     invariant = params.batch_invariant
     fn, kwargs = configs.kernel_and_kwargs(name, logprob_fwd_kernel, hidden.device, tune=not invariant)
     cfg = configs.default_config(name, hidden.device).kwargs
-    if n_splits is None and invariant:  # one split of the vocabulary for every N and every GPU
+    if invariant:  # one split of the vocabulary for every N and every GPU
         n_splits = max(1, min(configs.FWD_INVARIANT_SPLITS, triton.cdiv(v, cfg["BLOCK_V"])))
-    elif n_splits is None:
+    else:
         n_splits = _choose_splits(n, v, cfg["BLOCK_N"], cfg["BLOCK_V"], hidden.device)
     part_m, part_s = (configs.alloc((n_splits, n), torch.float32, hidden.device) for _ in range(2))
     part_t = configs.alloc((n_splits, n), torch.float32, hidden.device) if params.return_entropy else None
@@ -248,8 +247,7 @@ def logprob_partials(
 def logprob_forward(hidden, weight, targets, bias, params: LogprobParams, **options):
     """`[N, D]`, `[V, D]`, `[N]`, `[V]`|None → (logp `[N]`, lse `[N]`, entropy `[N]`|None), float32.
 
-    `options`: `logprob_partials`' n_splits, theta, row_scale (with `theta`, lse and entropy are the kept set's;
-    `n_splits` overrides the vocab split count: tests use it to force the multi-split merge).
+    `options`: `logprob_partials`' theta, row_scale (with `theta`, lse and entropy are the kept set's).
     """
     part_m, part_s, part_t, target_z = logprob_partials(hidden, weight, targets, bias, params, **options)
     valid = targets != params.ignore_index

@@ -10,17 +10,16 @@ whatever N and whichever rows share the call.
 
 import torch
 
+from ..budgets import INVARIANT_MAX_ROWS
 from .chunked import chunk_bytes
 
 __all__ = ["invariant_rows", "pad_rows", "run_blocks"]
-
-_MAX_ROWS = 1024
 
 
 def invariant_rows(vocab: int, bytes_per_logit: int = 4, multiple: int = 64) -> int:
     """Rows per block: the chunk budget's tile of `bytes_per_logit` bytes per logit, a multiple of `multiple`
     (the vocab-major tile's 64), at most 1024, never a function of the token count."""
-    rows = min(_MAX_ROWS, chunk_bytes() // (bytes_per_logit * max(vocab, 1)))
+    rows = min(INVARIANT_MAX_ROWS, chunk_bytes() // (bytes_per_logit * max(vocab, 1)))
     return max(multiple, rows // multiple * multiple)
 
 

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+import torch
+
 __all__ = ["MIN_TEMPERATURE", "LogprobParams"]
 
 # The logits are divided by the temperature in float32: far below 1e-6 even modest logits overflow to inf
@@ -11,7 +13,7 @@ MIN_TEMPERATURE = 1e-6
 
 @dataclass(frozen=True)
 class LogprobParams:
-    temperature: float = 1.0  # logits are divided by it; > 0
+    temperature: float | torch.Tensor = 1.0  # logits are divided by it; > 0; or [N] float32, one per row
     ignore_index: int = -100  # targets equal to it give logp = H = 0 and no gradient
     return_entropy: bool = False  # also compute the softmax entropy (and carry its gradient)
     softcap: float | None = None  # final-logit soft-cap before the temperature: z = cap·tanh(x / cap) / τ; None = off

@@ -9,12 +9,12 @@ float accumulation is used: d_weight sums the pairs sorted by token id (stably),
 Gathers of weight and hidden rows run in chunks of pairs sized by a fixed byte budget (`pair_chunk`).
 """
 
-import os
 import warnings
 
 import torch
 import torch.nn.functional as F
 
+from ..budgets import replay_pair_bytes
 from .kept_set import KeptSet
 
 __all__ = [
@@ -30,15 +30,11 @@ __all__ = [
     "tree_dot",
 ]
 
-# Bytes of one float32 `[pairs, D]` gather buffer: fixed (never scaled by N), so the walk's workspace is a
-# constant, and a handful of such buffers live at once.
-_PAIR_CHUNK_BYTES = 4 * 2**20
-
 
 def pair_chunk(d: int) -> int:
-    """Pairs per chunk: one float32 `[pairs, D]` buffer is about FASTRL_REPLAY_CHUNK_BYTES (default 4 MiB)."""
-    budget = int(os.environ.get("FASTRL_REPLAY_CHUNK_BYTES", _PAIR_CHUNK_BYTES))
-    return max(16, budget // (4 * max(d, 1)))
+    """Pairs per chunk: one float32 `[pairs, D]` buffer is about `replay_pair_bytes()` (configs.py), a fixed
+    workspace (never scaled by N) of which a handful live at once."""
+    return max(16, replay_pair_bytes() // (4 * max(d, 1)))
 
 
 def tree_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

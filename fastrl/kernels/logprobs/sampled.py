@@ -219,22 +219,23 @@ def _kernel_search(hidden, weight, targets, bias, tau, trunc, params, topk):
     return SampledLogprobs(None, None, *out), theta
 
 
-def token_logprobs_sampled(hidden, weight, targets, bias, tau, trunc, params, impl, topk=None) -> SampledLogprobs:
+def token_logprobs_sampled(hidden, weight, targets, bias, trunc, params, impl, topk=None) -> SampledLogprobs:
     """`[N, D]` rows → SampledLogprobs of the truncated, soft-capped distribution (docs/math.md §8).
 
-    tau: a float (then params.temperature) or an `[N]` float32 tensor; trunc: per-row rules or None.
+    params.temperature: a float or an `[N]` float32 tensor (tau below); trunc: per-row rules or None.
     impl "triton": θ (and the top-k export) from a no-grad pass here, skipped when neither is asked for; the
     log-probs and their gradients from the Triton kernels, a per-row tau riding in as their row scale 1/τ, applied
     after the soft-cap and the bias as the torch tile's division is (docs/math.md §1.1)."""
+    tau = params.temperature
+    if isinstance(tau, torch.Tensor):  # the per-row τ rides apart from the kernels' scalar one
+        params = dataclasses.replace(params, temperature=1.0)
     if impl == "triton" and hidden.shape[0]:
         theta = out = None
         if trunc is not None or topk:
             with torch.no_grad(), no_autocast(hidden):
                 out, theta = _kernel_search(hidden, weight, targets, bias, tau, trunc, params, topk)
             theta = None if trunc is None else theta
-        row_scale = None
-        if isinstance(tau, torch.Tensor):
-            row_scale, params = tau.float().reciprocal(), dataclasses.replace(params, temperature=1.0)
+        row_scale = tau.float().reciprocal() if isinstance(tau, torch.Tensor) else None
         logp, entropy = token_logprobs_triton(hidden, weight, targets, bias, params, theta=theta, row_scale=row_scale)
         if out is None:
             return SampledLogprobs(logp, entropy, torch.zeros_like(targets, dtype=torch.bool), None, None)

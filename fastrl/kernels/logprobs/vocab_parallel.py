@@ -21,8 +21,8 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-from torch.autograd.function import once_differentiable
 
+from ..autograd import differentiable_once
 from ..logits import logit_tile, no_autocast
 from .chunked import chunk_rows
 from .params import LogprobParams
@@ -139,7 +139,7 @@ class VocabParallelLogprobFunction(torch.autograd.Function):
         return logp if entropy is None else (logp, entropy)
 
     @staticmethod
-    @once_differentiable  # the backward is hand-written: a second derivative must raise, not be wrong
+    @differentiable_once  # the backward is hand-written: a second derivative must raise, not be wrong
     def backward(ctx, grad_logp, *grad_rest):
         hidden, weight, loc, bias, lse, entropy = ctx.saved_tensors
         grad_entropy = grad_rest[0] if grad_rest else None
@@ -199,12 +199,15 @@ def resolve_shard(weight, bias, process_group):
     return weight, bias, process_group
 
 
-def token_logprobs_vocab_parallel(hidden, weight, targets, bias, tau, params: LogprobParams, group, impl: str, lo: int):
-    """`[N, D]`, this rank's `[V_r, D]` rows from row `lo`, `[N]` full-vocabulary ids, `[V_r]` | None; tau a float
-    (then params.temperature) or `[N]` float32, params.softcap the cap.
+def token_logprobs_vocab_parallel(hidden, weight, targets, bias, params: LogprobParams, group, impl: str, lo: int):
+    """`[N, D]`, this rank's `[V_r, D]` rows from row `lo`, `[N]` full-vocabulary ids, `[V_r]` | None;
+    params.temperature a float or `[N]` float32 (tau below), params.softcap the cap.
 
     Returns logp `[N]` and entropy `[N]` (or None), float32, equal on every rank of `group`.
     """
+    tau = params.temperature
+    if isinstance(tau, torch.Tensor):  # the per-row τ rides apart from the kernels' scalar one
+        params = dataclasses.replace(params, temperature=1.0)
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
         logp, _, entropy, _, _ = _forward(hidden, weight, targets, bias, tau, params, group, impl, lo)
         return logp, entropy

@@ -9,6 +9,7 @@ tile, sums a row by its place in the tile); what they test is everything around 
 widths, GEMMs).
 """
 
+import dataclasses
 import inspect
 
 import pytest
@@ -95,9 +96,8 @@ def test_planted_triton_splits_that_follow_the_sm_count_fail(monkeypatch, rowwis
     # the forward's vocab split chosen by N and the SM count again, as without batch_invariant
     partials = fwd.logprob_partials
 
-    def planted(hidden, weight, targets, bias, params, n_splits=None, **kw):
-        n_splits = fwd._choose_splits(hidden.shape[0], weight.shape[0], 128, 128, hidden.device)
-        return partials(hidden, weight, targets, bias, params, n_splits, **kw)
+    def planted(hidden, weight, targets, bias, params, **kw):
+        return partials(hidden, weight, targets, bias, dataclasses.replace(params, batch_invariant=False), **kw)
 
     monkeypatch.setattr(fwd, "logprob_partials", planted)
     with pytest.raises(AssertionError):

@@ -10,6 +10,7 @@ import torch
 
 import fastrl
 from fastrl.kernels import LogprobParams, configs, token_logprobs_reference
+from fastrl.kernels.logprobs import fwd
 from fastrl.kernels.logprobs.fwd import logprob_forward
 
 IMPLS = ("torch", "triton")
@@ -148,11 +149,14 @@ def test_peaked_softmax_gradients(monkeypatch, impl, scale):
 
 
 @pytest.mark.parametrize("n_splits", [1, 3, 8, 11], ids=lambda s: f"splits{s}")
-def test_forward_vocab_splits_merge(n_splits):
+def test_forward_vocab_splits_merge(n_splits, monkeypatch):
     # V=1001 is 8 tiles of 128: 11 splits leaves three of them empty, which the merge must ignore.
     hidden, weight, bias, targets = make_inputs((77,), 120, 1001, torch.float32, True)
     params = LogprobParams(0.7, -100, True)
-    logp, lse, ent = logprob_forward(hidden, weight, targets, bias, params, n_splits=n_splits)
+    chosen = []
+    monkeypatch.setattr(fwd, "_choose_splits", lambda *args: chosen.append(n_splits) or n_splits)
+    logp, lse, ent = logprob_forward(hidden, weight, targets, bias, params)
+    assert chosen == [n_splits]
     ref_logp, ref_ent = token_logprobs_reference(hidden.double(), weight.double(), targets, bias.double(), params)
     assert rel_err(logp, ref_logp) < 1e-6 and rel_err(ent, ref_ent) < 1e-6
     z = (hidden.double() @ weight.double().T + bias.double()) / 0.7
