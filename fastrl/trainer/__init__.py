@@ -1,6 +1,7 @@
 """A thin GRPO trainer on the fused loss: `fastrl train --preset tiny` (CPU) or `--preset math-32k` (GPU).
 
-`trainer.py` is the loop; `build.py` (setting up) and `stages.py` (one iteration) are its steps. Every module:
+`trainer.py` is the loop over a batch source (`sources.py`, `async_source.py`); `build.py` (setting up) and
+`stages.py` (one iteration) are its steps. Every module:
 
     config.py              TrainConfig (frozen) holding a fastrl.LossConfig; presets; YAML / JSON files
     validate.py            per-field checks and ConfigError (the field and value that are wrong)
@@ -34,8 +35,9 @@
     staleness.py           policy-version spans of tokens, the admission rule, staleness metrics
     prompt_ledger.py       prompt ids trained and in flight: each prompt trained once across drops and resumes
     async_loop.py          AsyncFeed: prompts out, admitted groups in, the step's async metrics and timeline
-    async_train.py         the loop of --async-staleness K: rollouts in their own process
-    trainer.py             train(): the loop
+    sources.py             Batch and the synchronous batch source: collect, score, attach log-probs here
+    async_source.py        the batch source of --async-staleness K: rollouts in their own process, a push per step
+    trainer.py             train(): the one loop over a batch source
     tiny/                  the CPU preset's pieces
       model.py               tiny Llama-architecture model and character tokenizer
       warmup.py              the supervised warm-up on noisy demonstrations

@@ -67,7 +67,7 @@ class TrainConfig:
     vllm_kv_cache_gib: float = 0.0  # vLLM KV-cache size in GiB (0 = what vllm_gpu_memory_utilization leaves)
     vllm_sleep_level: int = 1  # vLLM sleeps in updates where it can (GPU): 1 offloads weights, 2 drops them, 0 never
     vllm_enforce_eager: bool = False  # vLLM without torch.compile / CUDA graphs: faster start, slower decoding
-    # --- asynchronous rollouts (async_train.py, docs/math.md §10) ---
+    # --- asynchronous rollouts (async_source.py, docs/math.md §10) ---
     async_staleness: int = -1  # K >= 0: vLLM rollouts in a process of their own, <= K versions stale (-1: off; not HF)
     rollout_chunk_tokens: int = 0  # with async_staleness: partial rollouts of at most N tokens per version (0 = off)
     rollout_timeout_s: float = 600.0  # with async_staleness: the rollout process's start-up and heartbeat limit
@@ -170,8 +170,8 @@ class TrainConfig:
 
 
 def _check_async(c: TrainConfig) -> None:
-    """Asynchronous rollouts: the vLLM engine, one optimizer step per batch, no thinking budget, FSDP or sequence
-    parallelism."""
+    """Asynchronous rollouts: the vLLM engine, K = 0 or at least the optimizer steps of one batch, no thinking
+    budget, FSDP or sequence parallelism."""
     if c.async_staleness < 0:
         if c.rollout_chunk_tokens:
             raise ConfigError("rollout_chunk_tokens", c.rollout_chunk_tokens, "needs async_staleness >= 0")
@@ -186,9 +186,12 @@ def _check_async(c: TrainConfig) -> None:
     ):
         if bad:
             raise ConfigError(name, getattr(c, name), "is not supported with async_staleness >= 0")
-    if c.async_staleness > 0 and c.needs_old_logprobs:
-        raise ConfigError("async_staleness", c.async_staleness, "takes one optimizer step per rollout batch: "
-                          f"ppo_epochs={c.ppo_epochs} and minibatches={c.minibatches} must be 1")  # fmt: skip
+    steps = c.ppo_epochs * c.minibatches
+    if 0 < c.async_staleness < steps:
+        raise ConfigError("async_staleness", c.async_staleness, f"counts optimizer steps: with ppo_epochs="
+                          f"{c.ppo_epochs} x minibatches={c.minibatches} = {steps} steps per batch, a group "
+                          f"sampled during one batch is {steps} versions old at the next; use async_staleness=0 "
+                          f"or >= {steps}")  # fmt: skip
 
 
 def truncates(c: TrainConfig) -> bool:
