@@ -4,7 +4,7 @@ Per batch at policy version v (docs/math.md §10): `AsyncFeed.next_batch(v)` (ra
 scored samples with the behaviour log-probs attached. The loop of `trainer.train` takes the batch's optimizer
 steps; after each one the weights go to the rollout process as the next version (so K counts optimizer steps);
 once the batch is done its prompts are marked trained in the ledger, which the checkpoint holds. Each step's
-record adds staleness (against the version the step trained), dropped groups, queue depth, the busy / idle
+record adds its batch's staleness (at admission), dropped groups, queue depth, the busy / idle
 timeline and the prompt ids of the batch. A resumed run re-queues what was in flight.
 """
 
@@ -20,7 +20,6 @@ from .rollout.engine import end_token_ids
 from .rollout.vllm_engine import kv_cache_bytes, vllm_dtype
 from .sources import Batch
 from .stages import attach_logprobs, score_batch
-from .staleness import staleness_stats
 
 
 def worker_spec(config, model, tokenizer, model_path: str):
@@ -120,11 +119,11 @@ class AsyncSource:
             self.ledger.trained([g.prompt_id for g in batch.groups])
 
     def fields(self, batch: Batch, version: int, step_s: float) -> dict:
-        """The step's async metrics: its staleness against `version` (the version it trained), the batch's
-        drops, waits and timeline, the prompt ids it trained on (and each rank's)."""
+        """The step's async metrics, its batch's: staleness at admission (the version of the batch's first step;
+        its later steps are epochs over it, as in the synchronous loop), drops, waits, the timeline of the step,
+        the prompt ids (and each rank's)."""
         out = dict(self.stats)
         if self.stats:
-            out.update(staleness_stats(batch.groups, version))
             out.update(timeline(self.stats, step_s))
         out["trained_prompt_ids"] = [g.prompt_id for g in (batch.groups or [])]
         if self.shares is not None:

@@ -16,7 +16,7 @@ from fastrl.hf import enable_checkpointing
 
 from . import distributed as dist_utils
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, check_world
 from .fsdp import shard_model
 from .sequence_parallel import SequenceParallel, init_sequence_parallel
 from .sharded_checkpoint import is_sharded_checkpoint, load_sharded
@@ -125,6 +125,7 @@ def start_run(config: TrainConfig) -> Run:
     rank, world = dist_utils.rank(), dist_utils.world_size()
     if config.fsdp and world < 2:
         raise ValueError(f"--fsdp shards over the ranks of a torchrun launch; this run has {world} (use torchrun)")
+    check_world(config, world)
     sp = init_sequence_parallel(config.sequence_parallel)  # a sequence group is one data-parallel replica
     if (config.prompts_per_step // sp.dp_size) % config.minibatches or config.prompts_per_step % sp.dp_size:
         raise ValueError(

@@ -27,6 +27,7 @@ __all__ = [
     "PRESETS",
     "ConfigError",
     "TrainConfig",
+    "check_world",
     "config_fields",
     "config_to_dict",
     "make_config",
@@ -189,9 +190,16 @@ def _check_async(c: TrainConfig) -> None:
     steps = c.ppo_epochs * c.minibatches
     if 0 < c.async_staleness < steps:
         raise ConfigError("async_staleness", c.async_staleness, f"counts optimizer steps: with ppo_epochs="
-                          f"{c.ppo_epochs} x minibatches={c.minibatches} = {steps} steps per batch, a group "
-                          f"sampled during one batch is {steps} versions old at the next; use async_staleness=0 "
-                          f"or >= {steps}")  # fmt: skip
+                          f"{c.ppo_epochs} x minibatches={c.minibatches} = {steps} steps per batch, the groups "
+                          f"sampled under a batch's first version are {steps} versions old at the next and always "
+                          f"dropped; use async_staleness=0 or >= {steps}")  # fmt: skip
+
+
+def check_world(c: TrainConfig, world: int) -> None:
+    """What the config asks of a launch of `world` ranks, checked at start-up on every rank."""
+    if c.sequence_parallel > 1 and world > c.sequence_parallel:  # data parallel x sequence parallel: not run yet
+        raise ConfigError("sequence_parallel", c.sequence_parallel, f"with data parallel ({world} ranks: more than one "
+                          "sequence group) has not run: launch sequence_parallel ranks exactly")  # fmt: skip
 
 
 def truncates(c: TrainConfig) -> bool:
@@ -207,7 +215,7 @@ def replay_blocker(c: TrainConfig) -> str | None:
     if c.async_staleness >= 0:
         return "the asynchronous rollout process does not send kept sets (async_staleness >= 0)"
     if c.sequence_parallel > 1:
-        return "sequence parallelism splits the micro-batches the kept sets are laid out for"
+        return f"sequence_parallel={c.sequence_parallel} splits the micro-batches the kept sets are laid out for"
     return None
 
 

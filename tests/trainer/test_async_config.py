@@ -52,3 +52,13 @@ def test_rollout_cpus_setting_pins_the_process_or_names_the_bad_value():
     finally:
         os.sched_setaffinity(0, cores)
         torch.set_num_threads(threads)
+
+
+def test_several_steps_per_batch_need_staleness_zero_or_one_batch_of_steps():
+    """K counts optimizer steps: a K between 1 and the batch's step count would drop every group sampled ahead."""
+    with pytest.raises(ConfigError) as e:
+        make_config("tiny", engine="vllm", async_staleness=3, ppo_epochs=2, minibatches=2)
+    assert e.value.field == "async_staleness" and "ppo_epochs=2" in str(e.value) and "minibatches=2" in str(e.value)
+    for K in (0, 4):
+        c = make_config("tiny", engine="vllm", async_staleness=K, ppo_epochs=2, minibatches=2)
+        assert (c.async_staleness, c.ppo_epochs * c.minibatches) == (K, 4)
