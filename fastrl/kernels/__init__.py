@@ -2,6 +2,8 @@
 
     logprobs/    per-token log-probabilities and entropy from hidden states, without the `[N, V]` logits
     policy/      the per-token policy loss reduced to per-sequence sums and statistics
+    fused_loss/  the GRPO loss with its gradients computed in the forward pass (one pass over the vocabulary)
+    sampler.py   `SamplerSettings`: temperature, top-k, top-p, min-p and soft-cap in one frozen object
     dispatch.py  `impl` ("auto" / "triton" / "torch") resolved for a device
     logits.py    the float32 logit tile of every PyTorch walk, and the autocast guard
     configs.py   every Triton launch constant and `triton.Config`
@@ -25,6 +27,7 @@ from .logprobs import (
     token_logprobs_reference,
 )
 from .policy import NUM_STATS, STATS, PolicyLossParams, policy_rows, policy_rows_torch
+from .sampler import SamplerSettings
 
 __all__ = [
     "IMPLS",
@@ -42,6 +45,7 @@ __all__ = [
     "policy_rows",
     "policy_rows_torch",
     "resolve_impl",
+    "SamplerSettings",
     "sampled_logprobs_reference",
     "sampled_token_logprobs",
     "sampler_on",

@@ -1,6 +1,7 @@
 """PPO/GRPO policy losses (docs/math.md §2–3): config, per-token math, exact aggregation, fused entry point."""
 
 from fastrl.hf import head_softcap, hidden_and_head, lm_body_and_head
+from fastrl.kernels import SamplerSettings
 
 from .config import LossConfig
 from .grpo import GRPOLoss, grpo_loss
@@ -12,6 +13,7 @@ __all__ = [
     "LossConfig",
     "LossOutput",
     "Normalizer",
+    "SamplerSettings",
     "grpo_loss",
     "head_softcap",
     "hidden_and_head",

@@ -3,7 +3,7 @@
 import numbers
 from dataclasses import dataclass
 
-from fastrl.kernels import check_temperature, sampler_on
+from fastrl.kernels import SamplerSettings
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
 # TRL's `loss_type` names. "dapo" is token-mean whose normalizer is the GLOBAL token count of the
@@ -24,6 +24,8 @@ ENTROPY_AGGS = ("loss", "token-mean")
 # log(π_old / π_rollout); a k1 option keeps ratios in [lower, upper], the others divergences ≤ upper
 REJECTION_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
                      "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")  # fmt: skip
+
+_SAMPLER_FIELDS = ("temperature", "top_k", "top_p", "min_p", "softcap")
 
 __all__ = ["AGG_MODES", "KL_ESTIMATORS", "PG_LOSSES", "RATIO_LEVELS", "REJECTION_OPTIONS", "TRL_ALIASES", "LossConfig"]
 
@@ -61,7 +63,7 @@ class LossConfig:
     beta: float = 0.0  # KL-to-reference coefficient; > 0 needs ref_logprobs
     kl: str = "k3"  # k1 = −ρ, k2 = ρ²/2, k3 = exp(ρ) − ρ − 1, abs = |ρ| (ρ = ref − logp); "+": k2's gradient
     entropy_coef: float = 0.0  # α in ℓ = pg + β·kl − α·H; ≠ 0 needs the entropy
-    temperature: float = 1.0  # sampling temperature; grpo_loss divides the logits by it
+    temperature: float = 1.0  # sampling temperature; grpo_loss divides the logits by it (see `sampler`)
     ratio_level: str = "token"  # "token", "sequence" (GSPO) or "sequence-token" (GSPO-token)
     max_completion_length: int | None = None  # L_max of seq-mean-token-sum-norm (dr_grpo)
     is_cap: float | None = None  # upper bound C of the rollout IS weight; needs rollout_logprobs
@@ -84,16 +86,21 @@ class LossConfig:
     vespo_k_neg: float = 3.0  # and for A < 0
     vespo_lambda_neg: float = 2.0
     rejection: tuple = ()  # ((option, lower, upper), ...) of REJECTION_OPTIONS: tokens / sequences masked out
-    # --- the sampler's distribution (docs/math.md §8): log-probs of what vLLM's sampler kept; None = off ---
-    top_k: int | None = None  # keep the k most likely tokens (k <= 0 or None: off)
-    top_p: float | None = None  # nucleus: keep tokens whose higher-ranked mass is < top_p (1 or None: off)
-    min_p: float | None = None  # drop tokens below min_p × the most likely one's probability (0 or None: off)
+    # --- the sampler's distribution (docs/math.md §8), checked and stored as `SamplerSettings` stores them ---
+    top_k: int | None = None  # keep the k most likely tokens (None = off; 0 and -1 are read as None)
+    top_p: float | None = None  # nucleus: keep tokens whose higher-ranked mass is < top_p (None = off; 1.0 too)
+    min_p: float | None = None  # drop tokens below min_p × the most likely one's probability (None = off; 0.0 too)
     softcap: float | None = None  # the model's final-logit soft-cap cap·tanh(x / cap), before the temperature
+
+    @property
+    def sampler(self) -> SamplerSettings:
+        """The sampler's settings (temperature, top-k, top-p, min-p, soft-cap) as one object."""
+        return SamplerSettings(self.temperature, self.top_k, self.top_p, self.min_p, self.softcap)
 
     @property
     def sampler_on(self) -> bool:
         """Whether the log-probs are those of a truncated or soft-capped distribution (docs/math.md §8)."""
-        return sampler_on(self.top_k, self.top_p, self.min_p, self.softcap)
+        return self.sampler.on
 
     def __post_init__(self):
         if not isinstance(self.loss_agg, str):
@@ -103,7 +110,7 @@ class LossConfig:
         if agg not in AGG_MODES:
             raise ValueError(f"loss_agg must be one of {AGG_MODES} or {tuple(TRL_ALIASES)}, got {given!r}")
         object.__setattr__(self, "loss_agg", agg)
-        floats = ("eps_low", "eps_high", "beta", "entropy_coef", "temperature", "top_entropy_quantile")
+        floats = ("eps_low", "eps_high", "beta", "entropy_coef", "top_entropy_quantile")
         floats += ("sapo_tau_pos", "sapo_tau_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg")
         for name in floats + ("vespo_lambda_neg",):
             _number(name, getattr(self, name))
@@ -123,17 +130,9 @@ class LossConfig:
         self._check_sampler()
 
     def _check_sampler(self) -> None:
-        k = self.top_k
-        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral)):
-            raise TypeError(f"top_k must be an int or None, got {type(k).__name__} {k!r}")
-        for name in ("top_p", "min_p", "softcap"):
-            _number(name, getattr(self, name), allow_none=True)
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be None or in (0, 1], got {self.top_p}")
-        if self.min_p is not None and not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be None or in [0, 1], got {self.min_p}")
-        if self.softcap is not None and not self.softcap > 0:
-            raise ValueError(f"softcap must be None or > 0, got {self.softcap}")
+        # SamplerSettings checks the five and normalises "off" to None; the fields keep its values
+        for name, value in SamplerSettings(**{n: getattr(self, n) for n in _SAMPLER_FIELDS}).as_dict().items():
+            object.__setattr__(self, name, value)
 
     def _check_rejection(self) -> None:
         if isinstance(self.rejection, (str, bytes)) or not isinstance(self.rejection, (tuple, list)):
@@ -172,7 +171,6 @@ class LossConfig:
                 raise ValueError(
                     f"eps_low must be < 1 (the lower clip bound 1 - eps_low must stay > 0), got {self.eps_low}"
                 )
-        check_temperature(self.temperature)  # the log-prob op's own rule: finite and >= MIN_TEMPERATURE
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"dual_clip must be None or > 1, got {self.dual_clip}")
         for name in ("is_cap", "kl_clip", "is_log_clip", "sapo_tau_pos", "sapo_tau_neg"):
