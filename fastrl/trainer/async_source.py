@@ -33,10 +33,7 @@ def worker_spec(config, model, tokenizer, model_path: str):
         dtype=dtype,
         max_model_len=max_model_len,
         seed=config.seed,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=config.top_k,
-        min_p=config.min_p,
+        **config.sampler.engine_kwargs(),  # temperature, top_k, top_p, min_p in vLLM's numbers (0 / 1.0 / 0.0: off)
         max_tokens=config.max_completion_length,
         min_tokens=config.min_completion_length,
         stop_ids=tuple(end_token_ids(model, tokenizer)),

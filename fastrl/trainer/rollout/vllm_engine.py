@@ -150,7 +150,7 @@ class VLLMEngine(SamplingEngine):
     def _replay_blocker(self, config) -> str | None:
         """Why this engine cannot give the kept sets (None: it can)."""
         if not self.recorder:
-            return None if config.top_k > 0 else "vLLM's sampling mask needs top_k > 0"
+            return None if config.sampler.top_k is not None else "vLLM's sampling mask needs top_k > 0"
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
             return "vLLM's engine core runs in another process (VLLM_ENABLE_V1_MULTIPROCESSING is not 0)"
         return None
@@ -223,16 +223,15 @@ class VLLMEngine(SamplingEngine):
     def _sampling(self, n: int, max_new: int, min_new: int, want_logprobs: bool, seed: int | None = None):
         recording = self.replay and self.recorder  # top-k / top-p applied by the recorder, theirs off
         extra = {}
+        sampling = self.sampler.engine_kwargs()  # vLLM's numbers: top_k 0, top_p 1.0, min_p 0.0 where off
         if recording:
             from .vllm_kept import opt_in
 
-            extra["extra_args"] = opt_in(self.top_k, self.top_p)
+            extra["extra_args"] = opt_in(sampling["top_k"], sampling["top_p"])
+            sampling.update(top_k=0, top_p=1.0)
         return self._params(
             n=n,
-            temperature=self.temperature,
-            top_p=1.0 if recording else self.top_p,
-            top_k=0 if recording else self.top_k,  # 0: off
-            min_p=self.min_p,
+            **sampling,
             max_tokens=max_new,
             min_tokens=min(min_new, max_new),  # end tokens suppressed before it (a forced length)
             logprobs=0 if want_logprobs else None,  # 0: only the sampled token's log-prob
