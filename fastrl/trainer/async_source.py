@@ -8,18 +8,17 @@ record adds its batch's staleness (at admission), dropped groups, queue depth, t
 timeline and the prompt ids of the batch. A resumed run re-queues what was in flight.
 """
 
-import tempfile
 import time
 
-from .async_loop import AsyncFeed, dealt_prompt_ids, share_groups, timeline
+from .async_feed import AsyncFeed, dealt_prompt_ids, share_groups, timeline
 from .build import Run
 from .config import TrainConfig
 from .prompt_ledger import PromptLedger
 from .rollout import Completion, build_prompt
-from .rollout.engine import end_token_ids
+from .rollout.interface import end_token_ids
 from .rollout.vllm_engine import kv_cache_bytes, vllm_dtype
-from .sources import Batch
-from .stages import attach_logprobs, score_batch
+from .stages import Batch, attach_logprobs, score_batch
+from .tiny.export import model_dir
 
 
 def worker_spec(config, model, tokenizer, model_path: str):
@@ -67,12 +66,7 @@ class AsyncSource:
         if not self.lead:
             return
         try:
-            path = config.model
-            if config.model == "tiny":
-                from .tiny.export import save_tiny
-
-                self.export = tempfile.TemporaryDirectory(prefix="fastrl-tiny-")
-                path = save_tiny(run.model, run.tokenizer, self.export.name)
+            path, self.export = model_dir(config.model, run.model, run.tokenizer)
             spec = worker_spec(config, run.model, run.tokenizer, path)
             self.rollout = AsyncRollout(spec, startup_timeout_s=config.rollout_timeout_s,
                                         timeout_s=config.rollout_timeout_s).start()  # fmt: skip
@@ -92,14 +86,14 @@ class AsyncSource:
     def next_batch(self, version: int) -> Batch:
         t0 = time.time()
         groups, self.stats = self.feed.next_batch(version) if self.lead else (None, {})
-        mine = share_groups(groups)
+        mine = share_groups(groups, self.run.sp.dp_size, self.run.sp.dp_rank)
         self.shares = dealt_prompt_ids(mine)
         problems = [self.run.stream.problem_at(g.prompt_id) for g in mine]
         comps = completions_of(mine)
         if self.K == 0 and self.config.loss.is_cap is None:  # the synchronous loop's samples exactly
             for c in comps:
                 c.logprobs = None
-        samples, rollout = score_batch(comps, problems, self.config, self.reward, self.run.tokenizer)
+        samples, rollout = score_batch(comps, problems, self.config, self.reward, self.run.tokenizer, self.run.sp)
         if self.K > 0:  # the ratio is clipped against the behaviour policy (docs/math.md §10)
             for s in samples:
                 s.old_logprobs = s.rollout_logprobs

@@ -21,10 +21,11 @@ from .fsdp import shard_model
 from .sequence_parallel import SequenceParallel, init_sequence_parallel
 from .sharded_checkpoint import is_sharded_checkpoint, load_sharded
 from .tasks import PromptStream, load_problems
-from .tiny import CharTokenizer, sft_warmup, tiny_model
+from .tiny import CharTokenizer, built_in, tiny_model
 from .ulysses import check_heads
 from .update import StepSettings, supports_packing
 from .validate import ConfigError
+from .warmup import sft_warmup
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
@@ -72,7 +73,7 @@ def resolve_device(name: str) -> torch.device:
 
 def build_model(config: TrainConfig, device: torch.device):
     """(model, tokenizer): the built-in tiny pair, or a Hugging Face causal LM and its tokenizer."""
-    if config.model == "tiny":
+    if built_in(config.model):
         tokenizer = CharTokenizer()
         max_len = config.max_prompt_length + config.max_completion_length
         model = tiny_model(

@@ -12,24 +12,12 @@ AsyncSource  (`async_source.py`, `--async-staleness K`) the rollout process's fe
 """
 
 import time
-from dataclasses import dataclass
 
 from . import distributed as dist_utils
-from .batching import Sample
 from .build import Run
 from .config import TrainConfig
 from .rollout import make_engine
-from .stages import attach_logprobs, collect
-
-
-@dataclass
-class Batch:
-    """One rollout batch of this rank: the samples its optimizer steps train on."""
-
-    samples: list[Sample]
-    rollout: dict  # the rollout metrics, summed over the data-parallel ranks
-    rollout_s: float  # seconds from asking for the batch to having it
-    groups: list | None = None  # the asynchronous source's admitted groups (rank 0), else None
+from .stages import Batch, attach_logprobs, collect
 
 
 class SyncSource:

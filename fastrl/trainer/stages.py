@@ -1,6 +1,7 @@
 """The stages of one GRPO iteration, each an importable function; the batch sources (`sources.py`) and the
 loop in `trainer.py` call them in order:
 
+Batch            one rollout batch of this rank (what a batch source gives the loop)
 collect          sample G completions per prompt, then score_batch: scores, advantages (`scoring.py`), sums
 attach_logprobs  the current policy's log-probs (several steps per batch) and the reference's (beta > 0)
 minibatches      the optimizer steps' sample indices: ppo_epochs passes, each shuffled and split
@@ -11,6 +12,7 @@ should_save / save_run   checkpoints on rollout boundaries
 
 import random
 import warnings
+from dataclasses import dataclass
 
 from . import distributed as dist_utils
 from . import scoring
@@ -22,6 +24,16 @@ from .rollout import RolloutEngine, build_prompt
 from .sequence_parallel import SequenceParallel, check_same_rollouts
 from .sharded_checkpoint import save_sharded
 from .update import sequence_logprobs, train_step
+
+
+@dataclass
+class Batch:
+    """One rollout batch of this rank: the samples its optimizer steps train on."""
+
+    samples: list[Sample]
+    rollout: dict  # the rollout metrics, summed over the data-parallel ranks
+    rollout_s: float  # seconds from asking for the batch to having it
+    groups: list | None = None  # the asynchronous source's admitted groups (rank 0), else None
 
 
 def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, reward, sp: SequenceParallel | None = None,

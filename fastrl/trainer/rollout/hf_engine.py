@@ -19,8 +19,8 @@ from transformers import (
 )
 
 from ..batching import KeptSets
-from .base import SamplingEngine, resolve_replay
-from .engine import Completion
+from .interface import Completion
+from .sampling import SamplingEngine, resolve_replay
 from .thinking import Request, Sampled, sample_with_budget
 
 

@@ -26,15 +26,15 @@ Tested on vLLM's CPU build (tests/rollout_vllm). Only a GPU run exercises the sl
 import contextlib
 import os
 import random
-import tempfile
 
 import torch
 
 from ..fsdp import full_state_items, is_sharded
+from ..tiny.export import model_dir
 from ..validate import ConfigError
 from .async_worker import request_seed, whole_prefills
-from .base import SamplingEngine, resolve_replay
-from .engine import Completion
+from .interface import Completion
+from .sampling import SamplingEngine, resolve_replay
 from .thinking import Request, Sampled, sample_with_budget
 
 
@@ -101,12 +101,7 @@ class VLLMEngine(SamplingEngine):
         from vllm.platforms import current_platform
 
         self._params = SamplingParams
-        path = config.model
-        if config.model == "tiny":  # in memory only: write it, with a fast tokenizer, where vLLM can load it
-            from ..tiny.export import save_tiny
-
-            self._export = tempfile.TemporaryDirectory(prefix="fastrl-tiny-")
-            path = save_tiny(model, tokenizer, self._export.name)
+        path, self._export = model_dir(config.model, model, tokenizer)  # the tiny model: exported, fast tokenizer
         self.sleep_level = config.vllm_sleep_level if current_platform.is_sleep_mode_available() else 0
         # kept sets: vLLM's sampling mask where Model Runner V2 runs (GPU), else our recorder (a logits processor)
         self.recorder = not _model_runner_v2()

@@ -4,7 +4,7 @@ import sys
 
 from ..config import replay_blocker
 from ..validate import ConfigError
-from .engine import end_token_ids
+from .interface import end_token_ids
 from .thinking import thinking_budget_of
 
 __all__ = ["SamplingEngine", "resolve_replay"]

@@ -95,12 +95,13 @@ def dealt_prompt_ids(mine: list[RolloutGroup]) -> list[list[int]] | None:
     return shares
 
 
-def share_groups(groups: list[RolloutGroup] | None) -> list[RolloutGroup]:
-    """Every rank's share of rank 0's groups: its contiguous slice, as `distributed.shard` cuts a batch."""
+def share_groups(groups: list[RolloutGroup] | None, dp_size: int, dp_rank: int) -> list[RolloutGroup]:
+    """Every rank's share of rank 0's groups: its replica's contiguous slice, as `distributed.shard` cuts a batch
+    (the ranks of one sequence-parallel group get the same groups)."""
     if dist_utils.world_size() == 1:
         return groups
     import torch.distributed as dist
 
     box = [groups]
     dist.broadcast_object_list(box, src=0)
-    return dist_utils.shard(box[0])
+    return dist_utils.shard(box[0], dp_size, dp_rank)
