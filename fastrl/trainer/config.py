@@ -180,7 +180,7 @@ class TrainConfig:
 
 def _check_async(c: TrainConfig) -> None:
     """Asynchronous rollouts: the vLLM engine, K = 0 or at least the optimizer steps of one batch, no thinking
-    budget, FSDP or sequence parallelism."""
+    budget or FSDP."""
     if c.async_staleness < 0:
         if c.rollout_chunk_tokens:
             raise ConfigError("rollout_chunk_tokens", c.rollout_chunk_tokens, "needs async_staleness >= 0")
@@ -191,7 +191,6 @@ def _check_async(c: TrainConfig) -> None:
     for name, bad in (
         ("thinking_budget", c.thinking_budget > 0),
         ("fsdp", c.fsdp),
-        ("sequence_parallel", c.sequence_parallel > 1),
     ):
         if bad:
             raise ConfigError(name, getattr(c, name), "is not supported with async_staleness >= 0")
