@@ -10,14 +10,18 @@ timeline and the prompt ids of the batch. A resumed run re-queues what was in fl
 
 import time
 
+import torch
+
 from .async_feed import AsyncFeed, dealt_prompt_ids, share_groups, timeline
-from .build import Run
+from .build import Run, build_model
 from .config import TrainConfig
+from .fsdp import is_sharded
 from .prompt_ledger import PromptLedger
 from .rollout import Completion, build_prompt
 from .rollout.interface import end_token_ids
 from .rollout.vllm_engine import kv_cache_bytes, vllm_dtype
 from .stages import Batch, attach_logprobs, score_batch
+from .tiny import built_in
 from .tiny.export import model_dir
 
 
@@ -63,10 +67,18 @@ class AsyncSource:
         state = run.async_state or {}
         self.ledger = PromptLedger.from_state(state) if state else PromptLedger(run.stream.position)
         self.rollout = self.push = self.export = self.feed = None
-        if not self.lead:
+        sharded = is_sharded(run.model)
+        if not (self.lead or sharded):
             return
         try:
-            path, self.export = model_dir(config.model, run.model, run.tokenizer)
+            if not self.lead:  # a sharded model's full tensors are gathered by every rank: each takes part in a push
+                self.push = WeightPush(None, run.model, rank=run.rank)
+                self.push.push(run.step)
+                return
+            # vLLM loads the tiny model from an export whose weights the first push replaces: a sharded model exports an
+            # unsharded copy
+            exported = build_model(config, torch.device("cpu"))[0] if sharded and built_in(config.model) else run.model
+            path, self.export = model_dir(config.model, exported, run.tokenizer)
             spec = worker_spec(config, run.model, run.tokenizer, path)
             self.rollout = AsyncRollout(spec, startup_timeout_s=config.rollout_timeout_s,
                                         timeout_s=config.rollout_timeout_s).start()  # fmt: skip
@@ -101,8 +113,9 @@ class AsyncSource:
         return Batch(samples, rollout, time.time() - t0, groups)
 
     def stepped(self, version: int) -> None:
-        """The weights of `version` go to the rollout process: its next tokens are sampled as `version`."""
-        if self.lead:
+        """The weights of `version` go to the rollout process: its next tokens are sampled as `version` (every rank
+        of a sharded model takes part, rank 0 sends)."""
+        if self.push is not None:
             self.push.push(version)
 
     def finished(self, batch: Batch) -> None:

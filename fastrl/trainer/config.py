@@ -180,7 +180,7 @@ class TrainConfig:
 
 def _check_async(c: TrainConfig) -> None:
     """Asynchronous rollouts: the vLLM engine, K = 0 or at least the optimizer steps of one batch, no thinking
-    budget or FSDP."""
+    budget."""
     if c.async_staleness < 0:
         if c.rollout_chunk_tokens:
             raise ConfigError("rollout_chunk_tokens", c.rollout_chunk_tokens, "needs async_staleness >= 0")
@@ -188,12 +188,8 @@ def _check_async(c: TrainConfig) -> None:
     if c.engine != "vllm":
         raise ConfigError("async_staleness", c.async_staleness, f"needs engine='vllm' (the {c.engine!r} engine is "
                           "synchronous: use async_staleness=-1)")  # fmt: skip
-    for name, bad in (
-        ("thinking_budget", c.thinking_budget > 0),
-        ("fsdp", c.fsdp),
-    ):
-        if bad:
-            raise ConfigError(name, getattr(c, name), "is not supported with async_staleness >= 0")
+    if c.thinking_budget > 0:
+        raise ConfigError("thinking_budget", c.thinking_budget, "is not supported with async_staleness >= 0")
     steps = c.ppo_epochs * c.minibatches
     if 0 < c.async_staleness < steps:
         raise ConfigError("async_staleness", c.async_staleness, f"counts optimizer steps: with ppo_epochs="

@@ -30,7 +30,7 @@ def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path):
     """K = 0 in one process and on 2 gloo ranks (rank 0 owns the rollout process and deals the groups) against
     the synchronous one-process run: the same samples, metrics and prompts, with two optimizer steps per batch
     (each a version pushed to the rollout process; the second step's ratio against the batch's frozen log-probs).
-    The 2 ranks as one sequence-parallel group log the same steps."""
+    The 2 ranks as one sequence-parallel group with FSDP log the same steps."""
     common = dict(ENGINE, max_steps=4, prompts_per_step=4, group_size=4, minibatches=2, warmup_sft_steps=60,
                   save_steps=0, progress=False)  # fmt: skip
     flags = ("--async-staleness", "0", "--max-steps", "4", "--minibatches", "2")
@@ -41,8 +41,9 @@ def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path):
         loop.train(make_config("tiny", output_dir=str(tmp_path / "async"), async_staleness=0, **common))
         log = two_ranks.communicate(timeout=900)[0]
         assert two_ranks.returncode == 0, log[-3000:]
-        # the two ranks as one sequence-parallel group: both train the whole batch, each its block of the tokens
-        sp_ranks = _start_two_ranks(tmp_path / "async-sp", *flags, "--sequence-parallel", "2")
+        # the two ranks as one sequence-parallel group (both train the whole batch, each its block of the tokens),
+        # the weights sharded over them: every rank takes part in each push, rank 0 sends
+        sp_ranks = _start_two_ranks(tmp_path / "async-sp", *flags, "--sequence-parallel", "2", "--fsdp")
         log = sp_ranks.communicate(timeout=900)[0]
         assert sp_ranks.returncode == 0, log[-3000:]
     finally:
