@@ -105,7 +105,7 @@ def install_probe(rec: dict, limits) -> None:
 
 def install_timers(rec: dict) -> None:
     """Time each optimizer step and each weight push into `rec` (both modes; the asynchronous push is `WeightPush`)."""
-    from fastrl.trainer import async_train, trainer
+    from fastrl.trainer import trainer
     from fastrl.trainer.rollout.weight_push import WeightPush
 
     rec.update(update_s=[], async_push_s=[])
@@ -120,7 +120,6 @@ def install_timers(rec: dict) -> None:
         return run
 
     trainer.optimizer_step = timed(trainer.optimizer_step, "update_s")
-    async_train.optimizer_step = timed(async_train.optimizer_step, "update_s")
     WeightPush.push = timed(WeightPush.push, "async_push_s")
 
 

@@ -1,6 +1,7 @@
 """A thin GRPO trainer on the fused loss: `fastrl train --preset tiny` (CPU) or `--preset math-32k` (GPU).
 
-`trainer.py` is the loop; `build.py` (setting up) and `stages.py` (one iteration) are its steps. Every module:
+`trainer.py` is the loop over a batch source (`sources.py`, `async_source.py`); `build.py` (setting up) and
+`stages.py` (one iteration) are its steps. Every module:
 
     config.py              TrainConfig (frozen) holding a fastrl.LossConfig; presets; YAML / JSON files
     validate.py            per-field checks and ConfigError (the field and value that are wrong)
@@ -8,8 +9,8 @@
     cli.py, __main__.py    `fastrl train ...` / `python -m fastrl.trainer train ...`
     tasks.py               problems, the arithmetic task, JSONL / HF-dataset loaders, the resumable PromptStream
     rollout/               sampling G completions per prompt
-      engine.py              the interface (Completion, RolloutEngine) and prompt building
-      base.py                SamplingEngine: what both engines are built from, `(model, tokenizer, config)`
+      interface.py           the interface (Completion, RolloutEngine), prompt building and end tokens
+      sampling.py            SamplingEngine: what both engines are built from, `(model, tokenizer, config)`
       hf_engine.py           transformers `generate` on the training model
       vllm_engine.py         vLLM in the trainer's process
       vllm_kept.py           the kept sets vLLM sampled from: its sampling mask, or our recording logits processor
@@ -36,15 +37,18 @@
     eval_sets.py           held-out arithmetic problems the training stream never draws
     plot.py                `fastrl plot`: a run's curves (or several runs' overlaid) as one PNG
     build.py               start_run: device, process group, model, data, warm-up, reference, optimizer, resume
-    stages.py              collect, score_batch, attach_logprobs, minibatches, optimizer_step, step_record, save_run
+    warmup.py              the supervised warm-up (warmup_sft_steps) on the tiny task's demonstrations
+    stages.py              Batch, collect, score_batch, attach_logprobs, minibatches, optimizer_step, step_record,
+                           save_run
     staleness.py           policy-version spans of tokens, the admission rule, staleness metrics
     prompt_ledger.py       prompt ids trained and in flight: each prompt trained once across drops and resumes
-    async_loop.py          AsyncFeed: prompts out, admitted groups in, the step's async metrics and timeline
-    async_train.py         the loop of --async-staleness K: rollouts in their own process
-    trainer.py             train(): the loop
+    async_feed.py          AsyncFeed: prompts out, admitted groups in, the step's async metrics and timeline
+    sources.py             the synchronous batch source: collect, score, attach log-probs in this process
+    async_source.py        the batch source of --async-staleness K: rollouts in their own process, a push per step
+    trainer.py             train(): the one loop over a batch source
     tiny/                  the CPU preset's pieces
       model.py               tiny Llama-architecture model and character tokenizer
-      warmup.py              the supervised warm-up on noisy demonstrations
+      warmup.py              the noisy demonstrations of the addition task (the warm-up's targets)
       export.py              the pair as a Hugging Face model directory (for vLLM)
 
 The Hugging Face model plumbing (body and head, tiled MLPs, checkpointing) is `fastrl.hf`; see docs/trainer.md.

@@ -16,15 +16,16 @@ from fastrl.hf import enable_checkpointing
 
 from . import distributed as dist_utils
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, check_world
 from .fsdp import shard_model
 from .sequence_parallel import SequenceParallel, init_sequence_parallel
 from .sharded_checkpoint import is_sharded_checkpoint, load_sharded
 from .tasks import PromptStream, load_problems
-from .tiny import CharTokenizer, sft_warmup, tiny_model
+from .tiny import CharTokenizer, built_in, tiny_model
 from .ulysses import check_heads
 from .update import StepSettings, supports_packing
 from .validate import ConfigError
+from .warmup import sft_warmup
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")
 
@@ -72,7 +73,7 @@ def resolve_device(name: str) -> torch.device:
 
 def build_model(config: TrainConfig, device: torch.device):
     """(model, tokenizer): the built-in tiny pair, or a Hugging Face causal LM and its tokenizer."""
-    if config.model == "tiny":
+    if built_in(config.model):
         tokenizer = CharTokenizer()
         max_len = config.max_prompt_length + config.max_completion_length
         model = tiny_model(
@@ -125,6 +126,7 @@ def start_run(config: TrainConfig) -> Run:
     rank, world = dist_utils.rank(), dist_utils.world_size()
     if config.fsdp and world < 2:
         raise ValueError(f"--fsdp shards over the ranks of a torchrun launch; this run has {world} (use torchrun)")
+    check_world(config, world)
     sp = init_sequence_parallel(config.sequence_parallel)  # a sequence group is one data-parallel replica
     if (config.prompts_per_step // sp.dp_size) % config.minibatches or config.prompts_per_step % sp.dp_size:
         raise ValueError(

@@ -5,7 +5,10 @@ Precedence: dataclass defaults < preset < config file < command-line flags.
 `TrainConfig.loss` is the `fastrl.LossConfig` the update uses; its knobs are declared there only. Files,
 flags and `config_to_dict` spell them flat (`eps_low: 0.28`, `--eps-low 0.28`), next to the trainer's own
 fields. The loss's `temperature`, `max_completion_length`, `top_k`, `top_p` and `min_p` are the sampler's (the
-fields of the same names below): the loss must score the distribution the completions were drawn from.
+fields of the same names below): the loss must score the distribution the completions were drawn from. Files and
+flags keep the samplers' spellings of off (`top_k: 0`, `--top-p 1.0`); past the config everything reads
+`TrainConfig.sampler`, a `fastrl.losses.SamplerSettings` whose one spelling of off is None (the engines turn it
+into their own numbers at their call: `SamplerSettings.engine_kwargs`).
 """
 
 import dataclasses
@@ -13,7 +16,7 @@ import json
 import typing
 from dataclasses import dataclass, field
 
-from fastrl.losses import LossConfig
+from fastrl.losses import LossConfig, SamplerSettings
 
 from .sequence_parallel import check_token_local
 from .validate import ConfigError, check_fields, check_value, coerce
@@ -27,6 +30,7 @@ __all__ = [
     "PRESETS",
     "ConfigError",
     "TrainConfig",
+    "check_world",
     "config_fields",
     "config_to_dict",
     "make_config",
@@ -67,7 +71,7 @@ class TrainConfig:
     vllm_kv_cache_gib: float = 0.0  # vLLM KV-cache size in GiB (0 = what vllm_gpu_memory_utilization leaves)
     vllm_sleep_level: int = 1  # vLLM sleeps in updates where it can (GPU): 1 offloads weights, 2 drops them, 0 never
     vllm_enforce_eager: bool = False  # vLLM without torch.compile / CUDA graphs: faster start, slower decoding
-    # --- asynchronous rollouts (async_train.py, docs/math.md §10) ---
+    # --- asynchronous rollouts (async_source.py, docs/math.md §10) ---
     async_staleness: int = -1  # K >= 0: vLLM rollouts in a process of their own, <= K versions stale (-1: off; not HF)
     rollout_chunk_tokens: int = 0  # with async_staleness: partial rollouts of at most N tokens per version (0 = off)
     rollout_timeout_s: float = 600.0  # with async_staleness: the rollout process's start-up and heartbeat limit
@@ -143,25 +147,30 @@ class TrainConfig:
             raise ConfigError("sampler_replay", "on", reason)
         if self.resume and self.overwrite:
             raise ConfigError("overwrite", True, "--resume continues the run in output_dir; --overwrite deletes it")
-        for name in SAMPLER_KNOBS:
-            given, ours, default = getattr(self.loss, name), getattr(self, name), _LOSS_DEFAULTS[name]
-            if given not in (default, ours):
-                raise ValueError(
-                    f"loss.{name}={given!r} disagrees with {name}={ours!r}: the loss uses the sampler's value; "
-                    f"set {name} instead"
-                )
-        object.__setattr__(
-            self,
-            "loss",
-            dataclasses.replace(
-                self.loss,
-                temperature=self.temperature,
-                max_completion_length=self.max_completion_length,
-                top_k=self.top_k,
-                top_p=self.top_p,
-                min_p=self.min_p,
-            ),
-        )
+        # the loss scores the sampler's distribution: a loss given its own sampler settings must agree (off in any
+        # spelling agrees with off)
+        given, ours = self.loss.sampler, self.sampler
+        for name in SAMPLER_FIELDS:
+            if getattr(given, name) not in (getattr(_LOSS_SAMPLER, name), getattr(ours, name)):
+                raise ValueError(f"loss.{name}={getattr(self.loss, name)!r} disagrees with {name}="
+                                 f"{getattr(self, name)!r}: the loss uses the sampler's value; "
+                                 f"set {name} instead")  # fmt: skip
+        if self.loss.max_completion_length not in (None, self.max_completion_length):
+            raise ValueError(f"loss.max_completion_length={self.loss.max_completion_length!r} disagrees with "
+                             f"max_completion_length={self.max_completion_length!r}: the loss uses the sampler's "
+                             "value; set max_completion_length instead")  # fmt: skip
+        loss = dataclasses.replace(self.loss, max_completion_length=self.max_completion_length, **self.sampler_values())
+        object.__setattr__(self, "loss", loss)
+
+    @property
+    def sampler(self) -> SamplerSettings:
+        """The sampler's settings from `temperature`, `top_k`, `top_p`, `min_p` (checked; None where off)."""
+        return SamplerSettings(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    def sampler_values(self) -> dict:
+        """`SAMPLER_FIELDS` by name as `SamplerSettings` stores them (None where off): what the loss is given."""
+        settings = self.sampler
+        return {name: getattr(settings, name) for name in SAMPLER_FIELDS}
 
     @property
     def needs_old_logprobs(self) -> bool:
@@ -170,8 +179,8 @@ class TrainConfig:
 
 
 def _check_async(c: TrainConfig) -> None:
-    """Asynchronous rollouts: the vLLM engine, one optimizer step per batch, no thinking budget, FSDP or sequence
-    parallelism."""
+    """Asynchronous rollouts: the vLLM engine, K = 0 or at least the optimizer steps of one batch, no thinking
+    budget."""
     if c.async_staleness < 0:
         if c.rollout_chunk_tokens:
             raise ConfigError("rollout_chunk_tokens", c.rollout_chunk_tokens, "needs async_staleness >= 0")
@@ -179,32 +188,32 @@ def _check_async(c: TrainConfig) -> None:
     if c.engine != "vllm":
         raise ConfigError("async_staleness", c.async_staleness, f"needs engine='vllm' (the {c.engine!r} engine is "
                           "synchronous: use async_staleness=-1)")  # fmt: skip
-    for name, bad in (
-        ("thinking_budget", c.thinking_budget > 0),
-        ("fsdp", c.fsdp),
-        ("sequence_parallel", c.sequence_parallel > 1),
-    ):
-        if bad:
-            raise ConfigError(name, getattr(c, name), "is not supported with async_staleness >= 0")
-    if c.async_staleness > 0 and c.needs_old_logprobs:
-        raise ConfigError("async_staleness", c.async_staleness, "takes one optimizer step per rollout batch: "
-                          f"ppo_epochs={c.ppo_epochs} and minibatches={c.minibatches} must be 1")  # fmt: skip
+    if c.thinking_budget > 0:
+        raise ConfigError("thinking_budget", c.thinking_budget, "is not supported with async_staleness >= 0")
+    steps = c.ppo_epochs * c.minibatches
+    if 0 < c.async_staleness < steps:
+        raise ConfigError("async_staleness", c.async_staleness, f"counts optimizer steps: with ppo_epochs="
+                          f"{c.ppo_epochs} x minibatches={c.minibatches} = {steps} steps per batch, the groups "
+                          f"sampled under a batch's first version are {steps} versions old at the next and always "
+                          f"dropped; use async_staleness=0 or >= {steps}")  # fmt: skip
 
 
-def truncates(c: TrainConfig) -> bool:
-    """Whether the sampler truncates (top-k, top-p or min-p on): the only case with kept sets to replay."""
-    return c.top_k > 0 or c.top_p < 1 or c.min_p > 0
+def check_world(c: TrainConfig, world: int) -> None:
+    """What the config asks of a launch of `world` ranks, checked at start-up on every rank."""
+    if c.sequence_parallel > 1 and world > c.sequence_parallel:  # data parallel x sequence parallel: not run yet
+        raise ConfigError("sequence_parallel", c.sequence_parallel, f"with data parallel ({world} ranks: more than one "
+                          "sequence group) has not run: launch sequence_parallel ranks exactly")  # fmt: skip
 
 
 def replay_blocker(c: TrainConfig) -> str | None:
     """Why the config alone rules out replaying the sampler's kept sets (docs/math.md §9); None: an engine that
     records them may."""
-    if not truncates(c):
+    if not c.sampler.truncates:
         return "nothing is truncated (top_k, top_p and min_p are off): there is no kept set to replay"
     if c.async_staleness >= 0:
         return "the asynchronous rollout process does not send kept sets (async_staleness >= 0)"
     if c.sequence_parallel > 1:
-        return "sequence parallelism splits the micro-batches the kept sets are laid out for"
+        return f"sequence_parallel={c.sequence_parallel} splits the micro-batches the kept sets are laid out for"
     return None
 
 
@@ -220,11 +229,12 @@ def _check_thinking(c: TrainConfig) -> None:
             raise ConfigError(name, getattr(c, name), "a thinking budget needs both markers")
 
 
-# LossConfig fields that are sampler settings of the trainer (declared above, copied into `loss`)
-SAMPLER_KNOBS = ("temperature", "max_completion_length", "top_k", "top_p", "min_p")
+# the sampler settings the trainer declares (above) and gives the loss; the soft-cap is the model's, a loss knob
+SAMPLER_FIELDS = tuple(f.name for f in dataclasses.fields(SamplerSettings) if f.name != "softcap")
 _LOSS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LossConfig)}
-# the loss knobs a file or flag sets directly, in LossConfig's order
-LOSS_KNOBS = tuple(name for name in _LOSS_DEFAULTS if name not in SAMPLER_KNOBS)
+_LOSS_SAMPLER = LossConfig().sampler
+# the loss knobs a file or flag sets directly, in LossConfig's order (the sampler's and its length are the trainer's)
+LOSS_KNOBS = tuple(name for name in _LOSS_DEFAULTS if name not in (*SAMPLER_FIELDS, "max_completion_length"))
 
 
 # fmt: off
@@ -325,7 +335,7 @@ def _build(values: dict) -> TrainConfig:
     loss_hints = typing.get_type_hints(LossConfig)
     loss_values = {k: coerce(k, v, loss_hints[k]) for k, v in loss_values.items()}
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.name != "loss"}
-    sampler = {k: trainer_values.get(k, defaults[k]) for k in SAMPLER_KNOBS}
+    sampler = {k: trainer_values.get(k, defaults[k]) for k in (*SAMPLER_FIELDS, "max_completion_length")}
     # each loss knob alone first, so an error names the knob that is wrong
     for name, value in loss_values.items():
         try:

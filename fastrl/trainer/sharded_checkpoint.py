@@ -96,9 +96,9 @@ def export_hf(path: str, out_dir: str) -> str:
         raise ValueError(f"{path} is not a sharded checkpoint (no {METADATA})")
     state = torch.load(os.path.join(path, "state.pt"), map_location="cpu", weights_only=False)
     config = make_config(**state["config"])
-    if config.model == "tiny":
-        from .tiny import CharTokenizer, tiny_model
+    from .tiny import CharTokenizer, built_in, tiny_model
 
+    if built_in(config.model):
         tokenizer = None
         max_len = config.max_prompt_length + config.max_completion_length
         model = tiny_model(

@@ -1,7 +1,9 @@
-"""The stages of one GRPO iteration, each an importable function the loop in `trainer.py` calls in order:
+"""The stages of one GRPO iteration, each an importable function; the batch sources (`sources.py`) and the
+loop in `trainer.py` call them in order:
 
+Batch            one rollout batch of this rank (what a batch source gives the loop)
 collect          sample G completions per prompt, then score_batch: scores, advantages (`scoring.py`), sums
-attach_logprobs  the sampler's log-probs (several steps per batch) and the reference's (beta > 0)
+attach_logprobs  the current policy's log-probs (several steps per batch) and the reference's (beta > 0)
 minibatches      the optimizer steps' sample indices: ppo_epochs passes, each shuffled and split
 optimizer_step   one fused-loss update (`update.train_step`) and the LR schedule step
 step_record      one metrics.jsonl line
@@ -10,6 +12,7 @@ should_save / save_run   checkpoints on rollout boundaries
 
 import random
 import warnings
+from dataclasses import dataclass
 
 from . import distributed as dist_utils
 from . import scoring
@@ -21,6 +24,16 @@ from .rollout import RolloutEngine, build_prompt
 from .sequence_parallel import SequenceParallel, check_same_rollouts
 from .sharded_checkpoint import save_sharded
 from .update import sequence_logprobs, train_step
+
+
+@dataclass
+class Batch:
+    """One rollout batch of this rank: the samples its optimizer steps train on."""
+
+    samples: list[Sample]
+    rollout: dict  # the rollout metrics, summed over the data-parallel ranks
+    rollout_s: float  # seconds from asking for the batch to having it
+    groups: list | None = None  # the asynchronous source's admitted groups (rank 0), else None
 
 
 def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, reward, sp: SequenceParallel | None = None,
@@ -64,22 +77,23 @@ def score_batch(comps, problems, config: TrainConfig, reward, tokenizer, sp: Seq
     return samples, scoring.rollout_metrics(sums, dist_utils.all_reduce_max(float(max(lengths, default=0)), group))
 
 
-def attach_logprobs(run: Run, samples: list[Sample], config: TrainConfig) -> None:
-    """Freeze the sampler's log-probs when the batch feeds several steps; add the reference's when beta > 0."""
-    targets = [("old_logprobs", run.model)] if config.needs_old_logprobs else []
+def attach_logprobs(run: Run, samples: list[Sample], old: bool) -> None:
+    """Freeze the current policy's log-probs as `old_logprobs` when `old` (the batch feeds several steps and no
+    behaviour policy's stand in); add the reference's when the run has one (beta > 0)."""
+    targets = [("old_logprobs", run.model)] if old else []
     targets += [("ref_logprobs", run.ref_model)] if run.ref_model is not None else []
     for field, model in targets:
         for s, lp in zip(samples, sequence_logprobs(model, samples, run.settings)):
             setattr(s, field, lp)
 
 
-def minibatches(n: int, config: TrainConfig):
-    """Sample indices of each optimizer step: `ppo_epochs` passes (shuffled when > 1), `minibatches` each."""
-    for _ in range(config.ppo_epochs):
+def minibatches(n: int, ppo_epochs: int, per_epoch: int):
+    """Sample indices of each optimizer step: `ppo_epochs` passes (shuffled when > 1), `per_epoch` steps each."""
+    for _ in range(ppo_epochs):
         order = list(range(n))
-        if config.ppo_epochs > 1:
+        if ppo_epochs > 1:
             random.shuffle(order)
-        yield from (order[i :: config.minibatches] for i in range(config.minibatches))
+        yield from (order[i::per_epoch] for i in range(per_epoch))
 
 
 def optimizer_step(run: Run, samples: list[Sample]) -> dict:
@@ -116,14 +130,14 @@ def step_record(step: int, rollout: dict, update: dict, rollout_s: float, step_s
     }
 
 
-def should_save(step: int, config: TrainConfig) -> bool:
-    """Save at the end, and at the first rollout boundary at or after each multiple of save_steps.
+def should_save(step: int, save_steps: int, max_steps: int, per_batch: int) -> bool:
+    """Save at the end, and at the first batch boundary at or after each multiple of `save_steps`.
 
-    Checkpoints fall on rollout boundaries so a resumed run never re-does half a rollout batch.
+    Checkpoints fall on batch boundaries (`per_batch` optimizer steps apart) so a resumed run never re-does half a
+    rollout batch.
     """
-    per_rollout = config.ppo_epochs * config.minibatches
-    periodic = config.save_steps > 0 and step >= config.save_steps and step % config.save_steps < per_rollout
-    return periodic or step >= config.max_steps
+    periodic = save_steps > 0 and step >= save_steps and step % save_steps < per_batch
+    return periodic or step >= max_steps
 
 
 def save_run(run: Run, config: TrainConfig, elapsed_s: float) -> str:

@@ -10,8 +10,10 @@ Algorithm (DeepSeekMath / R1 GRPO), per rollout batch:
      normalizer (docs/math.md §2-3), gradients summed over ranks, clipping, AdamW, LR schedule;
   6. push the new weights to the rollout engine (vLLM), log, checkpoint.
 
-The stages are functions in `build.py` (setting up) and `stages.py` (one iteration); this module only
-orders them. With `--async-staleness K` the rollouts run in a process of their own (`async_train.py`).
+Where a batch's samples come from is a batch source (`sources.py`): this process's engine (steps 1-4), or with
+`--async-staleness K` a rollout process of its own (`async_source.py`, docs/math.md §10). The loop below is the
+same for both: a batch, its optimizer steps (each step's record, log line and progress), the batch's end, a
+checkpoint. The stages are functions in `build.py` (setting up) and `stages.py` (one iteration).
 
 Run it:  fastrl train --preset tiny --output-dir runs/tiny          (CPU, a few minutes)
          torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k --model <hf id>
@@ -21,13 +23,14 @@ import sys
 import time
 
 from . import distributed as dist_utils
-from .async_train import train_async
+from .async_source import AsyncSource
 from .build import start_run
 from .config import TrainConfig
 from .metrics import MetricsLogger, progress_line, read_metrics
 from .preflight import preflight
-from .rollout import check_engine_available, make_engine
-from .stages import attach_logprobs, collect, minibatches, optimizer_step, save_run, should_save, step_record
+from .rollout import check_engine_available
+from .sources import SyncSource
+from .stages import minibatches, optimizer_step, save_run, should_save, step_record
 
 
 def train(config: TrainConfig, rewards=None) -> dict:
@@ -43,45 +46,39 @@ def train(config: TrainConfig, rewards=None) -> dict:
     run = start_run(config)
     logger = MetricsLogger(config.output_dir, run.step if run.resumed else None, config.tensorboard,
                            enabled=run.rank == 0)  # fmt: skip
-    bar = _progress_bar(config, run.step) if config.progress and run.rank == 0 else None
-    log_every = config.log_every if not config.progress and run.rank == 0 else 0
-
-    def report(record: dict) -> None:
-        if log_every and (run.step % log_every == 0 or run.step == config.max_steps):
-            print(progress_line(record, config.max_steps), file=sys.stderr, flush=True)
-        if bar is not None:
-            bar.set_postfix(reward=f"{record['reward_correct_mean']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            bar.update(1)
-
+    report = _reporter(config, run.step, run.rank == 0)
     if run.step >= config.max_steps and run.rank == 0:
         print(f"fastrl: {config.output_dir} already finished at step {run.step} (max_steps={config.max_steps})",
               file=sys.stderr, flush=True)  # fmt: skip
+    per_batch = config.ppo_epochs * config.minibatches
     t_run, record = time.time(), {}
-    if config.async_staleness >= 0:  # rollouts in a process of their own: async_train.py
-        record = train_async(run, config, reward, logger, report) if run.step < config.max_steps else {}
-    else:
-        engine = make_engine(config.engine, run.model, run.tokenizer, config)
-        engine.sync_weights(run.model)  # vLLM loaded config.model from disk; these weights may be warmed up or resumed
-    while config.async_staleness < 0 and run.step < config.max_steps:
-        t0, start = time.time(), run.stream.position
-        batch = dist_utils.shard(run.stream.next_batch(config.prompts_per_step), run.sp.dp_size, run.sp.dp_rank)
-        prompt_ids = dist_utils.shard(list(range(start, run.stream.position)), run.sp.dp_size, run.sp.dp_rank)
-        samples, rollout = collect(engine, run.tokenizer, batch, config, reward, run.sp, prompt_ids)
-        attach_logprobs(run, samples, config)
-        t_rollout = time.time() - t0
-        for chunk in minibatches(len(samples), config):
-            if run.step >= config.max_steps:
-                continue  # later epochs still shuffle: the RNG state the checkpoint saves stays the same
-            update = optimizer_step(run, [samples[i] for i in chunk])
-            record = step_record(run.step, rollout, update, t_rollout, time.time() - t0)
-            record["elapsed_s"] = run.elapsed_before + time.time() - t_run
-            logger.log(record)
-            report(record)
-        engine.sync_weights(run.model)
-        if should_save(run.step, config):
-            save_run(run, config, run.elapsed_before + time.time() - t_run)
-    if bar is not None:
-        bar.close()
+    source = None
+    if run.step < config.max_steps:  # rollouts in a process of their own with async_staleness set, else here
+        source = (AsyncSource if config.async_staleness >= 0 else SyncSource)(run, config, reward)
+    try:
+        while run.step < config.max_steps:
+            t0 = time.time()
+            batch = source.next_batch(run.step)
+            for chunk in minibatches(len(batch.samples), config.ppo_epochs, config.minibatches):
+                if run.step >= config.max_steps:
+                    continue  # later epochs still shuffle: the RNG state the checkpoint saves stays the same
+                version = run.step
+                update = optimizer_step(run, [batch.samples[i] for i in chunk])
+                source.stepped(run.step)
+                step_s = time.time() - t0
+                record = step_record(run.step, batch.rollout, update, batch.rollout_s, step_s)
+                record.update(source.fields(batch, version, step_s))
+                record["elapsed_s"] = run.elapsed_before + time.time() - t_run
+                logger.log(record)
+                report(record)
+            source.finished(batch)
+            if should_save(run.step, config.save_steps, config.max_steps, per_batch):
+                source.save_state()
+                save_run(run, config, run.elapsed_before + time.time() - t_run)
+    finally:
+        if source is not None:
+            source.close()
+        report(None)
     logger.close()
     if run.own_group:
         dist_utils.cleanup()
@@ -92,7 +89,25 @@ def train(config: TrainConfig, rewards=None) -> dict:
     return record
 
 
-def _progress_bar(config: TrainConfig, step: int):
-    from tqdm import tqdm
+def _reporter(config: TrainConfig, step: int, lead: bool):
+    """`report(record)`: the progress bar's tick or every `log_every`-th step's line on stderr (rank 0);
+    `report(None)` closes the bar."""
+    bar = None
+    if config.progress and lead:
+        from tqdm import tqdm
 
-    return tqdm(total=config.max_steps, initial=step, desc="grpo", dynamic_ncols=True)
+        bar = tqdm(total=config.max_steps, initial=step, desc="grpo", dynamic_ncols=True)
+    log_every = config.log_every if not config.progress and lead else 0
+
+    def report(record: dict | None) -> None:
+        if record is None:
+            if bar is not None:
+                bar.close()
+            return
+        if log_every and (record["step"] % log_every == 0 or record["step"] == config.max_steps):
+            print(progress_line(record, config.max_steps), file=sys.stderr, flush=True)
+        if bar is not None:
+            bar.set_postfix(reward=f"{record['reward_correct_mean']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            bar.update(1)
+
+    return report

@@ -28,27 +28,42 @@ def rows_of(out) -> list[dict]:
 
 def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path):
     """K = 0 in one process and on 2 gloo ranks (rank 0 owns the rollout process and deals the groups) against
-    the synchronous one-process run: the same samples, metrics and prompts."""
-    common = dict(ENGINE, max_steps=3, prompts_per_step=4, group_size=4, warmup_sft_steps=60, save_steps=0,
-                  progress=False)  # fmt: skip
-    two_ranks = _start_two_ranks(tmp_path / "async-2", "--async-staleness", "0", "--max-steps", "3")
+    the synchronous one-process run: the same samples, metrics and prompts, with two optimizer steps per batch
+    (each a version pushed to the rollout process; the second step's ratio against the batch's frozen log-probs).
+    The 2 ranks as one sequence-parallel group with FSDP log the same steps."""
+    common = dict(ENGINE, max_steps=4, prompts_per_step=4, group_size=4, minibatches=2, warmup_sft_steps=60,
+                  save_steps=0, progress=False)  # fmt: skip
+    flags = ("--async-staleness", "0", "--max-steps", "4", "--minibatches", "2")
+    two_ranks, sp_ranks = _start_two_ranks(tmp_path / "async-2", *flags), None
     try:
         loop.train(make_config("tiny", output_dir=str(tmp_path / "sync"), **common))
         gc.collect()  # the in-process engine goes before the rollout process starts
         loop.train(make_config("tiny", output_dir=str(tmp_path / "async"), async_staleness=0, **common))
         log = two_ranks.communicate(timeout=900)[0]
+        assert two_ranks.returncode == 0, log[-3000:]
+        # the two ranks as one sequence-parallel group (both train the whole batch, each its block of the tokens),
+        # the weights sharded over them: every rank takes part in each push, rank 0 sends
+        sp_ranks = _start_two_ranks(tmp_path / "async-sp", *flags, "--sequence-parallel", "2", "--fsdp")
+        log = sp_ranks.communicate(timeout=900)[0]
+        assert sp_ranks.returncode == 0, log[-3000:]
     finally:
-        two_ranks.kill()
-    assert two_ranks.returncode == 0, log[-3000:]
+        for proc in (two_ranks, sp_ranks):
+            if proc is not None:
+                proc.kill()
     sync, asyn, asyn2 = rows_of(tmp_path / "sync"), rows_of(tmp_path / "async"), rows_of(tmp_path / "async-2")
-    assert len(sync) == len(asyn) == len(asyn2) == 3
+    assert len(sync) == len(asyn) == len(asyn2) == 4
+    assert all(abs(r["ratio_mean"] - 1) > 1e-7 for r in sync[1::2])  # the second steps train against old log-probs
     for a, b, c in zip(sync, asyn, asyn2):
         for key in sorted(set(a) - TIMING):
             assert abs(a[key] - b[key]) <= 1e-6, (a["step"], key, a[key], b[key])
             assert abs(a[key] - c[key]) <= 1e-6, ("2 ranks", a["step"], key, a[key], c[key])
         assert b["staleness_max"] == c["staleness_max"] == 0 and b["async_dropped_groups"] == 0
         assert "rank_prompt_ids" not in b
-    steps = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    keys = ("loss", "entropy_mean", "reward_mean", "train_tokens", "grad_norm", "ratio_mean", "clip_frac_high")
+    sp = rows_of(tmp_path / "async-sp")
+    torch.testing.assert_close([[r[k] for k in keys] for r in sp], [[r[k] for k in keys] for r in sync], rtol=1e-5,
+                               atol=1e-6)  # fmt: skip
+    steps = [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]  # each batch's prompts on both its steps
     assert [r["trained_prompt_ids"] for r in asyn] == [r["trained_prompt_ids"] for r in asyn2] == steps
     # each rank trained on its own contiguous half of the step's prompts, none on another's
     assert [r["rank_prompt_ids"] for r in asyn2] == [[s[:2], s[2:]] for s in steps]

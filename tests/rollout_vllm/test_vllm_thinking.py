@@ -9,7 +9,7 @@ from vllm_reference import TOL, T, tiny_config
 from fastrl.trainer.batching import collate
 from fastrl.trainer.build import build_model
 from fastrl.trainer.rollout import make_engine
-from fastrl.trainer.rollout.engine import end_token_ids
+from fastrl.trainer.rollout.interface import end_token_ids
 from fastrl.trainer.scoring import to_samples
 from fastrl.trainer.update import StepSettings, sequence_logprobs
 

@@ -12,7 +12,6 @@ from fastrl.trainer.config import ConfigError, make_config
         pytest.param(dict(engine="hf", async_staleness=1), "async_staleness", id="hf-engine"),
         pytest.param(dict(engine="auto", async_staleness=0), "async_staleness", id="auto-engine"),
         pytest.param(dict(engine="vllm", async_staleness=1, minibatches=2), "async_staleness", id="two-steps"),
-        pytest.param(dict(engine="vllm", async_staleness=0, fsdp=True), "fsdp", id="fsdp"),
         pytest.param(dict(engine="vllm", async_staleness=0, thinking_budget=4), "thinking_budget", id="thinking"),
         pytest.param(dict(engine="vllm", rollout_chunk_tokens=4), "rollout_chunk_tokens", id="chunks-without-async"),
         pytest.param(dict(engine="vllm", async_staleness=-2), "async_staleness", id="below-minus-one"),
@@ -29,6 +28,8 @@ def test_accepted_settings_and_the_help_text(capsys):
     c = make_config("tiny", engine="vllm", async_staleness=1, rollout_chunk_tokens=4)
     assert (c.async_staleness, c.rollout_chunk_tokens, c.rollout_timeout_s) == (1, 4, 600.0)
     assert make_config("tiny", engine="vllm", async_staleness=0, minibatches=2).minibatches == 2  # K = 0: as today
+    c = make_config("tiny", engine="vllm", async_staleness=1, fsdp=True, sequence_parallel=2)  # checked at launch
+    assert (c.fsdp, c.sequence_parallel) == (True, 2)
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -52,3 +53,13 @@ def test_rollout_cpus_setting_pins_the_process_or_names_the_bad_value():
     finally:
         os.sched_setaffinity(0, cores)
         torch.set_num_threads(threads)
+
+
+def test_several_steps_per_batch_need_staleness_zero_or_one_batch_of_steps():
+    """K counts optimizer steps: a K between 1 and the batch's step count would drop every group sampled ahead."""
+    with pytest.raises(ConfigError) as e:
+        make_config("tiny", engine="vllm", async_staleness=3, ppo_epochs=2, minibatches=2)
+    assert e.value.field == "async_staleness" and "ppo_epochs=2" in str(e.value) and "minibatches=2" in str(e.value)
+    for K in (0, 4):
+        c = make_config("tiny", engine="vllm", async_staleness=K, ppo_epochs=2, minibatches=2)
+        assert (c.async_staleness, c.ppo_epochs * c.minibatches) == (K, 4)

@@ -1,6 +1,6 @@
 """The trainer's feed of asynchronous rollouts against a scripted rollout process (no engine)."""
 
-from fastrl.trainer.async_loop import AsyncFeed, timeline
+from fastrl.trainer.async_feed import AsyncFeed, timeline
 from fastrl.trainer.prompt_ledger import PromptLedger
 from fastrl.trainer.staleness import RolloutGroup, VersionSpan
 

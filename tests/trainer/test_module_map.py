@@ -16,4 +16,5 @@ def _missing(doc: str) -> list[str]:
 def test_the_docstring_names_every_module():
     doc = fastrl.trainer.__doc__
     assert not _missing(doc)
-    assert _missing(doc.replace(" engine.py", " ")) == ["engine.py"]  # hf_engine.py does not stand in for it
+    # sharded_checkpoint.py does not stand in for it
+    assert _missing(doc.replace(" checkpoint.py", " ")) == ["checkpoint.py"]

@@ -9,7 +9,7 @@ from fastrl.trainer.batching import KeptSets, Sample, collate
 from fastrl.trainer.build import build_model
 from fastrl.trainer.config import ConfigError, make_config
 from fastrl.trainer.rollout import make_engine
-from fastrl.trainer.rollout.base import resolve_replay
+from fastrl.trainer.rollout.sampling import resolve_replay
 from fastrl.trainer.scoring import to_samples
 from fastrl.trainer.update import StepSettings, sequence_logprobs, train_step
 

@@ -1,8 +1,8 @@
 """Rollouts: sample G completions per prompt with the Hugging Face engine or a colocated vLLM engine.
 
-`engine.py` holds the interface (`Completion`, `RolloutEngine`) and prompt building, `base.py` what both engines
-are built from (`SamplingEngine(model, tokenizer, config)`: the config's sampler settings), `hf_engine.py` the
-`model.generate` engine, `vllm_engine.py` the vLLM one (imported only when chosen), `thinking.py` the
+`interface.py` holds the interface (`Completion`, `RolloutEngine`) and prompt building, `sampling.py` what both
+engines are built from (`SamplingEngine(model, tokenizer, config)`: the config's sampler settings), `hf_engine.py`
+the `model.generate` engine, `vllm_engine.py` the vLLM one (imported only when chosen), `thinking.py` the
 thinking budget both engines apply.
 """
 
@@ -10,9 +10,9 @@ import importlib.util
 
 import torch
 
-from .base import SamplingEngine
-from .engine import Completion, RolloutEngine, build_prompt
 from .hf_engine import HFEngine, trim_completion
+from .interface import Completion, RolloutEngine, build_prompt
+from .sampling import SamplingEngine
 from .thinking import ThinkingBudget, budget_cut, thinking_budget_of
 
 __all__ = [

@@ -19,8 +19,8 @@ from transformers import (
 )
 
 from ..batching import KeptSets
-from .base import SamplingEngine, resolve_replay
-from .engine import Completion
+from .interface import Completion
+from .sampling import SamplingEngine, resolve_replay
 from .thinking import Request, Sampled, sample_with_budget
 
 
@@ -52,11 +52,11 @@ class _KeptSetRecorder(LogitsProcessor):
     kept (its finite scores). generate runs a passed processor before its own warpers, so the engine turns those
     off and this one applies them: the recorded set is exactly the one sampled from."""
 
-    def __init__(self, temperature: float, top_k: int, top_p: float, min_p: float):
-        self.warpers = [TemperatureLogitsWarper(temperature)]
-        self.warpers += [TopKLogitsWarper(top_k)] if top_k > 0 else []
-        self.warpers += [TopPLogitsWarper(top_p)] if top_p < 1 else []
-        self.warpers += [MinPLogitsWarper(min_p)] if min_p > 0 else []
+    def __init__(self, sampler):
+        self.warpers = [TemperatureLogitsWarper(sampler.temperature)]
+        self.warpers += [TopKLogitsWarper(sampler.top_k)] if sampler.top_k is not None else []
+        self.warpers += [TopPLogitsWarper(sampler.top_p)] if sampler.top_p is not None else []
+        self.warpers += [MinPLogitsWarper(sampler.min_p)] if sampler.min_p is not None else []
         self.steps: list[tuple[torch.Tensor, list[int]]] = []  # per step: (kept ids row after row, row starts)
 
     def __call__(self, input_ids, scores):
@@ -92,9 +92,10 @@ class HFEngine(SamplingEngine):
     def __init__(self, model, tokenizer, config):
         super().__init__(model, tokenizer, config)
         self.model = model
-        if self.min_p > 0 and self.top_p < 1:
+        s = self.sampler
+        if s.min_p is not None and s.top_p is not None:
             # transformers applies min-p after top-p, vLLM (whose order the loss follows) before it
-            raise ValueError(f"the hf engine samples min_p={self.min_p} after top_p={self.top_p}, unlike vLLM and the "
+            raise ValueError(f"the hf engine samples min_p={s.min_p} after top_p={s.top_p}, unlike vLLM and the "
                              "loss: use one of them, or the vllm engine")  # fmt: skip
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.replay = resolve_replay(config, None)  # this engine can always record them
@@ -104,10 +105,10 @@ class HFEngine(SamplingEngine):
         # With replay the recorder applies the warpers (generate's own are off).
         self.generation_config = GenerationConfig(
             do_sample=True,
-            temperature=1.0 if self.replay else self.temperature,
-            top_p=1.0 if self.replay else self.top_p,
-            top_k=0 if self.replay else self.top_k,
-            min_p=self.min_p if self.min_p > 0 and not self.replay else None,
+            temperature=1.0 if self.replay else s.temperature,
+            top_p=1.0 if self.replay or s.top_p is None else s.top_p,
+            top_k=0 if self.replay or s.top_k is None else s.top_k,
+            min_p=None if self.replay else s.min_p,
             max_new_tokens=self.max_new_tokens,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_ids,
@@ -144,7 +145,7 @@ class HFEngine(SamplingEngine):
         if min(limits) < max(limits):
             extra["stopping_criteria"] = StoppingCriteriaList([_RowLimit(width, limits)])
         processors = LogitsProcessorList([_EndSuppressed(width, min_new, self.eos_ids)] if max(min_new) > 0 else [])
-        recorder = _KeptSetRecorder(self.temperature, self.top_k, self.top_p, self.min_p) if self.replay else None
+        recorder = _KeptSetRecorder(self.sampler) if self.replay else None
         if recorder is not None:
             processors.append(recorder)
         if processors:

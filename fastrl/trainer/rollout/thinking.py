@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ..batching import KeptSets
 from ..validate import ConfigError
-from .engine import Completion
+from .interface import Completion
 
 # (context ids, most new tokens, fewest new tokens before an end token may be sampled)
 Request = tuple[list[int], int, int]

@@ -26,15 +26,15 @@ Tested on vLLM's CPU build (tests/rollout_vllm). Only a GPU run exercises the sl
 import contextlib
 import os
 import random
-import tempfile
 
 import torch
 
 from ..fsdp import full_state_items, is_sharded
+from ..tiny.export import model_dir
 from ..validate import ConfigError
 from .async_worker import request_seed, whole_prefills
-from .base import SamplingEngine, resolve_replay
-from .engine import Completion
+from .interface import Completion
+from .sampling import SamplingEngine, resolve_replay
 from .thinking import Request, Sampled, sample_with_budget
 
 
@@ -101,12 +101,7 @@ class VLLMEngine(SamplingEngine):
         from vllm.platforms import current_platform
 
         self._params = SamplingParams
-        path = config.model
-        if config.model == "tiny":  # in memory only: write it, with a fast tokenizer, where vLLM can load it
-            from ..tiny.export import save_tiny
-
-            self._export = tempfile.TemporaryDirectory(prefix="fastrl-tiny-")
-            path = save_tiny(model, tokenizer, self._export.name)
+        path, self._export = model_dir(config.model, model, tokenizer)  # the tiny model: exported, fast tokenizer
         self.sleep_level = config.vllm_sleep_level if current_platform.is_sleep_mode_available() else 0
         # kept sets: vLLM's sampling mask where Model Runner V2 runs (GPU), else our recorder (a logits processor)
         self.recorder = not _model_runner_v2()
@@ -150,7 +145,7 @@ class VLLMEngine(SamplingEngine):
     def _replay_blocker(self, config) -> str | None:
         """Why this engine cannot give the kept sets (None: it can)."""
         if not self.recorder:
-            return None if config.top_k > 0 else "vLLM's sampling mask needs top_k > 0"
+            return None if config.sampler.top_k is not None else "vLLM's sampling mask needs top_k > 0"
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
             return "vLLM's engine core runs in another process (VLLM_ENABLE_V1_MULTIPROCESSING is not 0)"
         return None
@@ -223,16 +218,15 @@ class VLLMEngine(SamplingEngine):
     def _sampling(self, n: int, max_new: int, min_new: int, want_logprobs: bool, seed: int | None = None):
         recording = self.replay and self.recorder  # top-k / top-p applied by the recorder, theirs off
         extra = {}
+        sampling = self.sampler.engine_kwargs()  # vLLM's numbers: top_k 0, top_p 1.0, min_p 0.0 where off
         if recording:
             from .vllm_kept import opt_in
 
-            extra["extra_args"] = opt_in(self.top_k, self.top_p)
+            extra["extra_args"] = opt_in(sampling["top_k"], sampling["top_p"])
+            sampling.update(top_k=0, top_p=1.0)
         return self._params(
             n=n,
-            temperature=self.temperature,
-            top_p=1.0 if recording else self.top_p,
-            top_k=0 if recording else self.top_k,  # 0: off
-            min_p=self.min_p,
+            **sampling,
             max_tokens=max_new,
             min_tokens=min(min_new, max_new),  # end tokens suppressed before it (a forced length)
             logprobs=0 if want_logprobs else None,  # 0: only the sampled token's log-prob

@@ -6,8 +6,9 @@ decoder that joins tokens without spaces.
 """
 
 import re
+import tempfile
 
-from .model import MARKUP, CharTokenizer
+from .model import MARKUP, CharTokenizer, built_in
 
 
 def fast_tokenizer(tokenizer: CharTokenizer):
@@ -32,3 +33,13 @@ def save_tiny(model, tokenizer: CharTokenizer, path: str) -> str:
     model.save_pretrained(path)
     fast_tokenizer(tokenizer).save_pretrained(path)
     return path
+
+
+def model_dir(name: str, model, tokenizer) -> tuple[str, tempfile.TemporaryDirectory | None]:
+    """The directory an engine that loads from disk (vLLM) reads the model `name` from: `name` itself, or for the
+    built-in model (in memory only) a temporary export of `model` and `tokenizer`, returned for the caller to clean
+    up (None otherwise)."""
+    if not built_in(name):
+        return name, None
+    export = tempfile.TemporaryDirectory(prefix="fastrl-tiny-")
+    return save_tiny(model, tokenizer, export.name), export

@@ -14,6 +14,15 @@ MARKUP = ("<think>", "</think>", "\\boxed{")
 CHARS = "0123456789+-*/=()[]{}<>.,:;?!'\"_^\\ \nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
+TINY = "tiny"  # the name `config.model` gives the built-in model
+
+
+def built_in(name: str) -> bool:
+    """Whether the model named `name` is the built-in tiny one (built in memory, nothing to download): the one
+    test every special case of it goes through."""
+    return name == TINY
+
+
 class CharTokenizer:
     """Character-level tokenizer with a handful of multi-character markup tokens."""
 

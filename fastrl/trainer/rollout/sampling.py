@@ -2,9 +2,9 @@
 
 import sys
 
-from ..config import replay_blocker, truncates
+from ..config import replay_blocker
 from ..validate import ConfigError
-from .engine import end_token_ids
+from .interface import end_token_ids
 from .thinking import thinking_budget_of
 
 __all__ = ["SamplingEngine", "resolve_replay"]
@@ -17,8 +17,7 @@ class SamplingEngine:
     def __init__(self, model, tokenizer, config):
         self.tokenizer = tokenizer
         self.max_new_tokens, self.min_new_tokens = config.max_completion_length, config.min_completion_length
-        self.temperature, self.top_p = config.temperature, config.top_p
-        self.top_k, self.min_p = config.top_k, config.min_p  # top_k 0: off
+        self.sampler = config.sampler  # temperature, top-k, top-p, min-p; None where off
         self.eos_ids = end_token_ids(model, tokenizer)  # the tokenizer's EOS and the model's end-of-turn tokens
         self.thinking = thinking_budget_of(config, tokenizer)
         self.replay = False  # whether each completion carries its tokens' kept sets (`resolve_replay`)
@@ -38,7 +37,7 @@ def resolve_replay(config, engine_blocker: str | None) -> bool:
         return True
     if config.sampler_replay == "on":
         raise ConfigError("sampler_replay", "on", reason)
-    if truncates(config):
+    if config.sampler.truncates:
         print(f"fastrl: sampler_replay=auto: not replaying the sampler's kept sets ({reason}); the loss finds them "
               "again from its own logits", file=sys.stderr, flush=True)  # fmt: skip
     return False

@@ -84,8 +84,9 @@ def timeline(metrics: dict, step_s: float) -> dict:
 
 
 def dealt_prompt_ids(mine: list[RolloutGroup]) -> list[list[int]] | None:
-    """Every rank's prompt ids of the step, in rank order (each rank gets the list); None on one process."""
-    if not dist_utils.is_distributed():
+    """Every rank's prompt ids of the step, in rank order (each rank gets the list); None on one process (also
+    when a group of one is up: an in-process vLLM engine leaves its own behind)."""
+    if dist_utils.world_size() == 1:
         return None
     import torch.distributed as dist
 
@@ -94,12 +95,13 @@ def dealt_prompt_ids(mine: list[RolloutGroup]) -> list[list[int]] | None:
     return shares
 
 
-def share_groups(groups: list[RolloutGroup] | None) -> list[RolloutGroup]:
-    """Every rank's share of rank 0's groups: its contiguous slice, as `distributed.shard` cuts a batch."""
-    if not dist_utils.is_distributed():
+def share_groups(groups: list[RolloutGroup] | None, dp_size: int, dp_rank: int) -> list[RolloutGroup]:
+    """Every rank's share of rank 0's groups: its replica's contiguous slice, as `distributed.shard` cuts a batch
+    (the ranks of one sequence-parallel group get the same groups)."""
+    if dist_utils.world_size() == 1:
         return groups
     import torch.distributed as dist
 
     box = [groups]
     dist.broadcast_object_list(box, src=0)
-    return dist_utils.shard(box[0])
+    return dist_utils.shard(box[0], dp_size, dp_rank)
