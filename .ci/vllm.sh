@@ -52,4 +52,4 @@ fi
 
 # FASTRL_REQUIRE_VLLM: a vLLM that does not import is a collection error here, never a skip.
 export FASTRL_REQUIRE_VLLM=1 HF_HUB_OFFLINE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/python" -m pytest tests/rollout_vllm --timeout 1800 --durations=25 "$@"
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/python" -m pytest --timeout 1800 --durations=25 "${@:-tests/rollout_vllm}"
