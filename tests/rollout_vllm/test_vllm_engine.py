@@ -1,6 +1,7 @@
 """The vLLM rollout engine against the transformers model it serves (vLLM's CPU build, float32)."""
 
 import copy
+import dataclasses
 import random
 
 import numpy
@@ -61,11 +62,12 @@ def test_generate_n_samples_with_logprobs_of_the_sampling_distribution(served):
 
 def test_logprobs_follow_top_p(served):
     config, model, tokenizer, engine = served
-    engine.top_p = 0.8
+    sampler = engine.sampler
+    engine.sampler = dataclasses.replace(sampler, top_p=0.8)
     try:
         comps = engine.generate(prompts_of(tokenizer), 4, want_logprobs=True)
     finally:
-        engine.top_p = config.top_p
+        engine.sampler = sampler
     assert max_gap(model, comps, top_p=0.8) < TOL
     assert max_gap(model, comps) > 0.05  # the renormalised nucleus, not the full distribution
 

@@ -4,6 +4,7 @@ import json
 
 from vllm_reference import ENGINE, TOL, max_gap
 
+from fastrl.trainer import sources
 from fastrl.trainer import trainer as loop
 from fastrl.trainer.config import make_config
 from fastrl.trainer.tiny import CharTokenizer, save_tiny, tiny_model
@@ -12,7 +13,7 @@ from fastrl.trainer.tiny import CharTokenizer, save_tiny, tiny_model
 def record_gaps(monkeypatch) -> list[float]:
     """Make the trainer's engine record, per rollout batch, its log-prob gap to the trainer's live model."""
     gaps = []
-    make_engine = loop.make_engine
+    make_engine = sources.make_engine
 
     def recording(name, model, tokenizer, config):
         engine = make_engine(name, model, tokenizer, config)
@@ -26,7 +27,7 @@ def record_gaps(monkeypatch) -> list[float]:
         engine.generate = checked
         return engine
 
-    monkeypatch.setattr(loop, "make_engine", recording)
+    monkeypatch.setattr(sources, "make_engine", recording)
     return gaps
 
 
