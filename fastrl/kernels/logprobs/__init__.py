@@ -20,7 +20,7 @@ replay.py    the replay path: log-probs over given kept sets, its autograd Funct
 replay_torch.py  its PyTorch walk; replay_fwd.py / replay_bwd.py its Triton kernels; replay_naive.py its reference
 """
 
-from .api import sampled_token_logprobs, token_logprobs
+from .api import logprob_call, logprob_path, sampled_token_logprobs, shape_logprobs, token_logprobs
 from .checks import check_temperature
 from .kept_set import keep_rows, kept_set_from_vllm
 from .naive import sampled_logprobs_reference, token_logprobs_reference
@@ -34,10 +34,13 @@ __all__ = [
     "check_temperature",
     "keep_rows",
     "kept_set_from_vllm",
+    "logprob_call",
+    "logprob_path",
     "replay_logprobs_reference",
     "sampled_logprobs_reference",
     "sampled_token_logprobs",
     "sampler_on",
+    "shape_logprobs",
     "token_logprobs",
     "token_logprobs_reference",
 ]

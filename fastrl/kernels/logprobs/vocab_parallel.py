@@ -25,10 +25,10 @@ import torch.distributed as dist
 from ..autograd import differentiable_once
 from ..logits import logit_tile, no_autocast
 from .chunked import chunk_rows
-from .params import LogprobParams
+from .params import LogprobParams, SampledLogprobs
 from .sampled import sampled_backward
 
-__all__ = ["resolve_shard", "shard_layout", "token_logprobs_vocab_parallel"]
+__all__ = ["resolve_shard", "shard_layout", "token_logprobs_vocab_parallel", "vocab_parallel_path"]
 
 _M_INIT = -1e30  # the partial max of an empty shard: exp(m − M) is then 0, never NaN
 
@@ -213,3 +213,12 @@ def token_logprobs_vocab_parallel(hidden, weight, targets, bias, params: Logprob
         return logp, entropy
     out = VocabParallelLogprobFunction.apply(hidden, weight, targets, bias, tau, params, group, impl, lo)
     return (out, None) if isinstance(out, torch.Tensor) else out
+
+
+def vocab_parallel_path(c) -> SampledLogprobs:
+    """The vocab-parallel path of a checked log-prob call (api.py's `_Call`)."""
+    hidden = c.hidden if c.hidden.dtype == c.weight.dtype else c.hidden.to(c.weight.dtype)
+    logp, entropy = token_logprobs_vocab_parallel(
+        hidden, c.weight, c.targets, c.bias, c.params, c.group, c.impl, c.first_row
+    )
+    return SampledLogprobs(logp, entropy, None, None, None)
