@@ -444,7 +444,6 @@ PARAM_DEBT = {
     "fastrl.kernels.logprobs.replay_torch:replay_forward_torch",
     "fastrl.kernels.logprobs.sampled:sampled_backward",
     "fastrl.kernels.logprobs.sampled:sampled_forward",
-    "fastrl.kernels.logprobs.vocab_parallel:_forward",
     "fastrl.kernels.policy.api:policy_rows",
     "fastrl.kernels.policy.bwd:policy_bwd",
     "fastrl.integrations.trl.head:head_policy_loss",
