@@ -452,7 +452,7 @@ def test_public_signatures_are_pinned(where):
 
 # --- one router: the loss's paths are picked in losses/route.py alone, the log-prob op's in its api.py alone ---
 LOSS_PATHS = ("fused_parts", "sampled_parts", "two_pass_parts")
-LOGPROB_PATHS = ("_plain", "_sampled", "_vocab_parallel", "_replay", "route")
+LOGPROB_PATHS = ("plain_torch_path", "plain_triton_path", "sampled_path", "vocab_parallel_path", "replay_path", "route")
 
 
 def _names_used(path: pathlib.Path) -> set[str]:
@@ -475,7 +475,7 @@ def test_one_router_picks_the_logprob_path():
     users = {
         name
         for name, p in MODULES.items()
-        if name.startswith("fastrl.") and name != prefix + "api" and _names_used(p) & set(LOGPROB_PATHS[:4])
+        if name.startswith("fastrl.") and name != prefix + "api" and _names_used(p) & set(LOGPROB_PATHS[:5])
     }
     assert not users, users
 
@@ -499,7 +499,7 @@ PARAM_DEBT = {
     "fastrl.kernels.fused_loss.api:fused_logprob_grads",
     "fastrl.kernels.fused_loss.api:policy_loss_grads",
     "fastrl.kernels.fused_loss.epilogue:fold_dz",
-    "fastrl.kernels.logprobs.api:_logprobs",
+    "fastrl.kernels.logprobs.api:logprob_call",
     "fastrl.kernels.logprobs.bwd:logprob_backward",
     "fastrl.kernels.logprobs.chunked:_vocab_major_forward",
     "fastrl.kernels.logprobs.chunked:chunked_backward",
@@ -508,7 +508,6 @@ PARAM_DEBT = {
     "fastrl.kernels.logprobs.replay_torch:replay_forward_torch",
     "fastrl.kernels.logprobs.sampled:sampled_backward",
     "fastrl.kernels.logprobs.sampled:sampled_forward",
-    "fastrl.kernels.logprobs.vocab_parallel:_forward",
     "fastrl.kernels.policy.api:policy_rows",
     "fastrl.kernels.policy.bwd:policy_bwd",
     "fastrl.integrations.trl.head:head_policy_loss",

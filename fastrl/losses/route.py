@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from fastrl.kernels import attach_gradients, policy_loss_grads, sampled_token_logprobs, sampler_on, token_logprobs
+from fastrl.kernels import attach_gradients, logprob_call, logprob_path, policy_loss_grads, sampler_on, shape_logprobs
 
 from .call import LossCall
 from .config import LossConfig
@@ -81,6 +81,14 @@ def _loss(call: LossCall, logp: torch.Tensor, entropy: torch.Tensor | None) -> L
     return policy_loss_of(logp, entropy, call.policy)
 
 
+def _logprobs(call: LossCall, group, **options):
+    # the log-prob op's own checked call, run on the path it picks from here: no public entry between this router
+    # and the walk (SampledLogprobs shape_logprobs like targets)
+    options = dict(call.logprob_options(), process_group=group, return_topk=None, **options)
+    lp_call, lead = logprob_call(call.hidden, call.weight, call.targets, **options)
+    return shape_logprobs(logprob_path(lp_call)(lp_call), lp_call, lead)
+
+
 def fused_parts(call: LossCall):
     """The loss with its gradients formed in the vocabulary pass; logp and entropy come back detached."""
     p, config = call.policy, call.config
@@ -115,11 +123,11 @@ def sampled_parts(call: LossCall):
     loss; metrics["outside_kept_frac"] added. With kept sets, a live token whose target is outside its set is a
     ValueError naming it; with a process group the vocab-parallel op takes the soft-cap (and refuses truncation)."""
     need_entropy = call.entropy_wanted
-    options = dict(call.logprob_options(), return_entropy=need_entropy, softcap=call.config.softcap, **call.sampler)
+    options = dict(return_entropy=need_entropy, softcap=call.config.softcap, **call.sampler)
     if call.kept is not None:
         options.update(kept_ids=call.kept[0], kept_offsets=call.kept[1])
     if call.group is None:
-        out = sampled_token_logprobs(call.hidden, call.weight, call.targets, **options)
+        out = _logprobs(call, None, on_missing="mask", **options)
         logp, entropy, outside = out.logp, out.entropy, out.outside
         if call.kept is not None and bool(outside.any()):
             b, t = (int(x) for x in torch.nonzero(outside)[0])
@@ -128,8 +136,8 @@ def sampled_parts(call: LossCall):
                 "to 0 there to leave it out"
             )
     else:
-        out = token_logprobs(call.hidden, call.weight, call.targets, process_group=call.group, **options)
-        logp, entropy = out if need_entropy else (out, None)
+        out = _logprobs(call, call.group, **options)
+        logp, entropy = out.logp, out.entropy
         outside = torch.zeros(logp.shape, dtype=torch.bool, device=logp.device)  # nothing truncated
     res = _loss(call, logp, entropy)
     live = call.policy.live
@@ -139,12 +147,9 @@ def sampled_parts(call: LossCall):
 
 def two_pass_parts(call: LossCall):
     """The log-probs of `token_logprobs` (vocab-parallel with a process group), then the policy loss on them."""
-    need_entropy = call.entropy_wanted
-    out = token_logprobs(
-        call.hidden, call.weight, call.targets, return_entropy=need_entropy, process_group=call.group,
-        **call.logprob_options(),
-    )  # fmt: skip
-    logp, entropy = out if need_entropy else (out, None)
+    sampler = dict(top_k=None, top_p=None, min_p=None, softcap=None)
+    out = _logprobs(call, call.group, return_entropy=call.entropy_wanted, **sampler)
+    logp, entropy = out.logp, out.entropy
     return _loss(call, logp, entropy), logp, entropy
 
 

@@ -25,20 +25,27 @@ def lora(*targets):
 @pytest.mark.parametrize("steps_per_generation", [pytest.param(4, id="off-policy"), pytest.param(2, id="on-policy")])
 def test_lora_matches_stock_trl_with_peft(tmp_path, steps_per_generation, monkeypatch):
     from fastrl.kernels.fused_loss import api
-    from fastrl.kernels.logprobs import function
+    from fastrl.kernels.logprobs import chunked
 
     asked = []  # (d_hidden wanted, d_weight wanted) of every head gradient formed
-    backward, fused = function.chunked_backward, api.fused_forward
+    backward, fused = chunked.chunked_backward, api.fused_forward
+
+    inside = []  # chunked_backward calls itself on the live rows: record the outer call alone
 
     def recorded(*args):
-        asked.append(args[-1][:2])  # needs = (d_hidden, d_weight, -, d_bias)
-        return backward(*args)
+        if not inside:
+            asked.append(args[-1][:2])  # needs = (d_hidden, d_weight, -, d_bias)
+        inside.append(True)
+        try:
+            return backward(*args)
+        finally:
+            inside.pop()
 
     def recorded_fused(*args):  # the gradient-in-forward pass: params.needs = (d_hidden, d_weight, d_bias)
         asked.append(args[-1].needs[:2])
         return fused(*args)
 
-    monkeypatch.setattr(function, "chunked_backward", recorded)
+    monkeypatch.setattr(chunked, "chunked_backward", recorded)
     monkeypatch.setattr(api, "fused_forward", recorded_fused)
     fields = dict(optim="sgd", beta=0.1, learning_rate=0.5, steps_per_generation=steps_per_generation)
     peft = lora("q_proj", "v_proj", "gate_proj")

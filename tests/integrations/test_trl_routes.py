@@ -26,20 +26,26 @@ from fastrl.integrations.trl import FastRLGRPOTrainer
 def test_token_level_losses_are_formed_in_the_forward(tmp_path, monkeypatch, overrides, fused):
     h.model().save_pretrained(tmp_path / "model")  # beta != 0: TRL loads its reference model from the path
     from fastrl.kernels.fused_loss import api
-    from fastrl.kernels.logprobs import function
+    from fastrl.kernels.logprobs import chunked
 
     calls = {"fused": 0, "recompute": 0}
-    backward, forward = function.chunked_backward, api.fused_forward
+    backward, forward = chunked.chunked_backward, api.fused_forward
+
+    inside = []  # chunked_backward calls itself on the live rows: count the outer call alone
 
     def recompute(*args):
-        calls["recompute"] += 1
-        return backward(*args)
+        calls["recompute"] += not inside
+        inside.append(True)
+        try:
+            return backward(*args)
+        finally:
+            inside.pop()
 
     def in_forward(*args):
         calls["fused"] += 1
         return forward(*args)
 
-    monkeypatch.setattr(function, "chunked_backward", recompute)
+    monkeypatch.setattr(chunked, "chunked_backward", recompute)
     monkeypatch.setattr(api, "fused_forward", in_forward)
     h.run(FastRLGRPOTrainer, h.config(tmp_path / "run", optim="sgd", **overrides), str(tmp_path / "model"))
     micro_batches = 3 * 2  # max_steps × gradient accumulation

@@ -31,3 +31,66 @@ def test_every_module_declares_all_and_stays_readable():
     missing = [p.name for p in MODULES if "__all__" not in p.read_text()]
     long = {p.name: n for p in MODULES if (n := len(p.read_text().splitlines())) > 400}
     assert not missing and not long, (missing, long)
+
+
+# --- the stack from grpo_loss to the first logit tile: grpo.py, route.py, the path's walk, logits.py ---
+FIRST_TILES = {
+    ("fastrl.kernels.logits", "logit_tile"),
+    ("fastrl.kernels.logprobs.replay_torch", "_pair_logits"),
+}
+
+
+def _modules_at_first_tile(fn) -> list[str]:
+    """The fastrl modules on the call stack, outermost first, when fn first enters a logit-tile function."""
+    import sys
+
+    hit = []
+
+    def profile(frame, event, arg):
+        key = (frame.f_globals.get("__name__"), frame.f_code.co_name)
+        if event == "call" and not hit and key in FIRST_TILES:
+            stack = []
+            while frame is not None:
+                stack.append(frame.f_globals.get("__name__", ""))
+                frame = frame.f_back
+            hit.append(stack[::-1])
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    assert hit, "no logit tile was computed"
+    names = [m for m in hit[0] if m.startswith("fastrl.")]
+    return list(dict.fromkeys(names[names.index("fastrl.losses.grpo") :]))
+
+
+def _route_calls():
+    import torch
+
+    from fastrl.losses import LossConfig, grpo_loss
+
+    torch.manual_seed(0)
+    h = torch.randn(2, 5, 16, requires_grad=True)
+    w = torch.randn(50, 16, requires_grad=True)
+    y, m, a = torch.randint(0, 50, (2, 5)), torch.ones(2, 5), torch.randn(2)
+    ids, offsets = [], [0]
+    for t in y.reshape(-1).tolist():
+        ids += sorted({t, 1, 2, 3})
+        offsets.append(len(ids))
+    kept = dict(kept_ids=torch.tensor(ids), kept_offsets=torch.tensor(offsets))
+    plain = LossConfig()
+    return {
+        "plain": lambda: torch.no_grad()(grpo_loss)(h, w, y, m, a, config=plain),
+        "sampled": lambda: grpo_loss(h, w, y, m, a, config=LossConfig(top_k=5)),
+        "gspo": lambda: grpo_loss(h, w, y, m, a, config=LossConfig(ratio_level="sequence")),
+        "replay": lambda: grpo_loss(h, w, y, m, a, config=plain, **kept),
+    }
+
+
+def test_grpo_loss_reaches_the_first_tile_through_four_modules():
+    # the router runs the log-prob op's path itself: no public entry or pass-through layer in between
+    for name, fn in _route_calls().items():
+        mods = _modules_at_first_tile(fn)
+        assert len(mods) <= 4, (name, mods)
+        assert mods[:2] == ["fastrl.losses.grpo", "fastrl.losses.route"], (name, mods)

@@ -8,8 +8,10 @@ A call is checked once (checks.py), flattened to `[N]` rows, then `route` names 
     sampled          a truncation rule, a soft-cap, return_topk or a per-token temperature (sampled.py)
     plain            the full softmax at one temperature (function.py)
 
-and `_PATHS` runs it. Each path takes the one `_Call` and returns `SampledLogprobs` over the `[N]` rows. A new
-path is one more branch of `route` and one more entry of `_PATHS`.
+and `logprob_path` hands back the function that runs it (`_PATHS`, by path and implementation; each lives with its
+walk). Each takes the one `_Call` and returns `SampledLogprobs` over the `[N]` rows. The loss's router
+(fastrl/losses/route.py) builds the call with `logprob_call` and runs `logprob_path(call)` itself, so no module of
+this one sits between it and the walk. A new path is one more branch of `route` and one more entry of `_PATHS`.
 """
 
 import dataclasses
@@ -19,16 +21,17 @@ import torch
 
 from ..dispatch import resolve_impl
 from .checks import check_call, check_return_topk, check_softcap, check_targets_range
-from .function import token_logprobs_impl
+from .chunked import plain_torch_path
+from .function import plain_triton_path
 from .invariant import invariant_rows, run_blocks
 from .kept_set import KeptSet, check_kept_set
-from .params import LogprobParams
-from .replay import ReplayParams, replay_logprobs
-from .sampled import SampledLogprobs, sampled_tile_rows, token_logprobs_sampled
+from .params import LogprobParams, SampledLogprobs
+from .replay import replay_path
+from .sampled import sampled_path, sampled_tile_rows
 from .sampling import Truncation, rule_on, truncation
-from .vocab_parallel import resolve_shard, shard_layout, token_logprobs_vocab_parallel
+from .vocab_parallel import resolve_shard, shard_layout, vocab_parallel_path
 
-__all__ = ["route", "sampled_token_logprobs", "token_logprobs"]
+__all__ = ["logprob_call", "logprob_path", "route", "sampled_token_logprobs", "shape_logprobs", "token_logprobs"]
 
 
 class _Call(NamedTuple):
@@ -56,49 +59,37 @@ def route(call: _Call) -> str:
     return "sampled" if isinstance(call.params.temperature, torch.Tensor) else "plain"
 
 
-def _plain(c: _Call) -> SampledLogprobs:
-    hidden = c.hidden if c.hidden.dtype == c.weight.dtype else c.hidden.to(c.weight.dtype)  # an fp32 head
-    logp, entropy = token_logprobs_impl(c.impl)(hidden, c.weight, c.targets, c.bias, c.params)
-    return SampledLogprobs(logp, entropy, None, None, None)
+_PATHS = {
+    ("plain", "torch"): plain_torch_path,
+    ("plain", "triton"): plain_triton_path,
+    ("sampled", "torch"): sampled_path,
+    ("sampled", "triton"): sampled_path,
+    ("vocab_parallel", "torch"): vocab_parallel_path,
+    ("vocab_parallel", "triton"): vocab_parallel_path,
+    ("replay", "torch"): replay_path,
+    ("replay", "triton"): replay_path,
+}
 
 
-def _sampled(c: _Call) -> SampledLogprobs:
-    hidden = c.hidden.to(c.weight.dtype) if c.impl == "triton" else c.hidden  # the torch tiles upcast per chunk
-    return token_logprobs_sampled(hidden, c.weight, c.targets.long(), c.bias, c.trunc, c.params, c.impl, c.return_topk)
-
-
-def _vocab_parallel(c: _Call) -> SampledLogprobs:
-    hidden = c.hidden if c.hidden.dtype == c.weight.dtype else c.hidden.to(c.weight.dtype)
-    logp, entropy = token_logprobs_vocab_parallel(
-        hidden, c.weight, c.targets, c.bias, c.params, c.group, c.impl, c.first_row
-    )
-    return SampledLogprobs(logp, entropy, None, None, None)
-
-
-def _replay(c: _Call) -> SampledLogprobs:
-    n, tau = c.targets.shape[0], c.params.temperature
-    if isinstance(tau, torch.Tensor):
-        scale = 1.0 / tau
-    else:
-        scale = torch.full((n,), 1.0 / tau, dtype=torch.float32, device=c.hidden.device)
-    params = ReplayParams(c.params.ignore_index, c.params.softcap, c.impl)
-    out = replay_logprobs(c.hidden, c.weight, c.bias, c.targets.long(), scale, c.kept, params, c.return_topk)
-    entropy = out.entropy if c.params.return_entropy else None
-    return SampledLogprobs(out.logp, entropy, out.missing, out.topk_ids, out.topk_logprobs)
-
-
-_PATHS = {"plain": _plain, "sampled": _sampled, "vocab_parallel": _vocab_parallel, "replay": _replay}
+def logprob_path(call: _Call):
+    """The function that runs a checked call (`logprob_call`): `[N]` rows in, SampledLogprobs out. The caller calls
+    it itself, so nothing of this module sits between it and the path's walk or launch."""
+    path = route(call)
+    # the torch walks reach invariance through fixed blocks; the Triton kernels and the replay path by themselves
+    if call.params.batch_invariant and call.impl == "torch" and path in ("plain", "sampled"):
+        return _in_blocks
+    return _PATHS[path, call.impl]
 
 
 def _in_blocks(c: _Call) -> SampledLogprobs:
     """The torch plain or sampled path, batch-invariant: on blocks of a fixed number of live rows (invariant.py)."""
-    run = _PATHS[route(c)]
+    run = _PATHS[route(c), c.impl]
     live = torch.nonzero(c.targets != c.params.ignore_index).squeeze(-1)
     if live.numel() == 0:
         return run(c)
     vocab, tau = c.weight.shape[0], c.params.temperature
     per_row = isinstance(tau, torch.Tensor)
-    rows = invariant_rows(vocab) if run is _plain else sampled_tile_rows(vocab)
+    rows = invariant_rows(vocab) if run is plain_torch_path else sampled_tile_rows(vocab)
     rules = tuple(zip(c.trunc or (None,) * 3, (0, 1.0, 0.0)))  # a padding row keeps every token
 
     def block(hidden, targets, rows_tau, *rule_rows):
@@ -139,10 +130,10 @@ def _refuse_with_kept_sets(top_k, top_p, min_p, process_group) -> None:
         )
 
 
-def _logprobs(hidden, weight, targets, *, bias, temperature, ignore_index, return_entropy, impl, process_group,
+def logprob_call(hidden, weight, targets, *, bias, temperature, ignore_index, return_entropy, impl, process_group,
               top_k, top_p, min_p, softcap, return_topk, kept_ids=None, kept_offsets=None,
-              on_missing="raise", batch_invariant=False) -> SampledLogprobs:  # fmt: skip
-    """Check, flatten, route and run one call; every output shaped like targets (`outside` all False off S)."""
+              on_missing="raise", batch_invariant=False) -> tuple[_Call, torch.Size]:  # fmt: skip
+    """The checked `_Call` of one call over its `[N]` flattened rows, and targets' shape (the outputs' own)."""
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant must be a bool, got {batch_invariant!r}")
     if batch_invariant and process_group is not None:
@@ -189,15 +180,16 @@ def _logprobs(hidden, weight, targets, *, bias, temperature, ignore_index, retur
     t1 = targets.reshape(-1)
     kept = check_kept_set(kept_ids, kept_offsets, t1, ignore_index, vocab, on_missing) if replay else None
     call = _Call(h2, weight, bias, t1, params, impl, trunc, return_topk, process_group, first_row, kept)
-    path = route(call)
-    # the torch walks reach invariance through fixed blocks; the Triton kernels and the replay path by themselves
-    invariant_blocks = batch_invariant and impl == "torch" and path in ("plain", "sampled")
-    out = _in_blocks(call) if invariant_blocks else _PATHS[path](call)
-    k = return_topk
+    return call, lead
+
+
+def shape_logprobs(out: SampledLogprobs, call: _Call, lead: torch.Size) -> SampledLogprobs:
+    """A path's `[N]`-row outputs shaped like targets (`lead`); `outside` all False where nothing was truncated."""
+    k, device = call.return_topk, call.hidden.device
     return SampledLogprobs(
         out.logp.reshape(lead),
         None if out.entropy is None else out.entropy.reshape(lead),
-        torch.zeros(lead, dtype=torch.bool, device=hidden.device) if out.outside is None else out.outside.reshape(lead),
+        torch.zeros(lead, dtype=torch.bool, device=device) if out.outside is None else out.outside.reshape(lead),
         None if k is None else out.topk_ids.reshape(*lead, k),
         None if k is None else out.topk_logprobs.reshape(*lead, k),
     )
@@ -274,12 +266,13 @@ def token_logprobs(
     derivative raises). An ignored row's hidden state may be inf/NaN (padding) on both paths: it never
     reaches an output or a gradient.
     """
-    out = _logprobs(
+    call, lead = logprob_call(
         hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index,
         return_entropy=return_entropy, impl=impl, process_group=process_group, top_k=top_k, top_p=top_p,
         min_p=min_p, softcap=softcap, return_topk=return_topk, kept_ids=kept_ids, kept_offsets=kept_offsets,
         batch_invariant=batch_invariant,
     )  # fmt: skip
+    out = shape_logprobs(logprob_path(call)(call), call, lead)
     res = (out.logp,) + ((out.entropy,) if return_entropy else ())
     res += (out.topk_ids, out.topk_logprobs) if return_topk is not None else ()
     return res[0] if len(res) == 1 else res
@@ -295,9 +288,10 @@ def sampled_token_logprobs(
 
     With kept_ids / kept_offsets a target outside its row's set is not an error here: `outside` flags the row,
     whose logp stays finite (z_y − log Σ_S exp z, with its gradient) for the caller to leave out."""
-    return _logprobs(
+    call, lead = logprob_call(
         hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index,
         return_entropy=return_entropy, impl=impl, process_group=None, top_k=top_k, top_p=top_p, min_p=min_p,
         softcap=softcap, return_topk=return_topk, kept_ids=kept_ids, kept_offsets=kept_offsets,
         on_missing="mask", batch_invariant=batch_invariant,
     )  # fmt: skip
+    return shape_logprobs(logprob_path(call)(call), call, lead)

@@ -9,18 +9,23 @@ vocabulary in `[N, V_chunk]` tiles, recomputed from hidden, weight and those two
 d_weight, d_bias and (accumulated in float32) d_hidden; when only logp carries a gradient (float32), the
 per-row factors of ∂z move onto the GEMMs' `[N, D]` operands so a tile takes two elementwise passes. Ignored
 rows are left out of every tile. Tiles stay near `FASTRL_CHUNK_BYTES` (default: 1/8 of the full logits,
-within 32–128 MiB). The math is docs/math.md §1; the autograd Function that runs these two passes is in
-function.py.
+within 32–128 MiB). The math is docs/math.md §1; the autograd Function that runs these two passes, and the
+plain path of a checked call on it, close the module.
 """
 
 import torch
 
+from ..autograd import differentiable_once
 from ..budgets import CHUNK_MAX_BYTES, CHUNK_MIN_BYTES, chunk_budget
-from ..logits import divide_rows, logit_tile
-from .params import LogprobParams
+from ..logits import divide_rows, logit_tile, no_autocast
+from .params import LogprobParams, SampledLogprobs
 from .vocab_major import shifted_exp_t, tile_t, vocab_major_rows
 
 __all__ = [
+    "ChunkedLogprobFunction",
+    "needs_grad",
+    "plain_torch_path",
+    "token_logprobs_chunked",
     "chunk_bytes",
     "chunk_cols",
     "chunk_rows",
@@ -251,3 +256,46 @@ def _logp_only_backward(h, weight, bias, targets, lse, g, tau, grads):
     if d_hidden is not None:
         d_hidden = ew.mul_(neg_scale).add_(weight.index_select(0, safe) * g_hit)
     return _finish(h, bias, d_hidden, d_weight, d_bias)
+
+
+def needs_grad(hidden, weight, bias) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+
+
+class ChunkedLogprobFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, bias, params: LogprobParams):
+        with no_autocast(hidden):
+            logp, entropy, lse = chunked_forward(hidden, weight, targets, bias, params)
+        ctx.params = params
+        ctx.save_for_backward(hidden, weight, targets, bias, lse, entropy)
+        return logp if entropy is None else (logp, entropy)
+
+    @staticmethod
+    @differentiable_once  # the backward is hand-written: a second derivative must raise, not be wrong
+    def backward(ctx, grad_logp, *grad_rest):
+        hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
+        grad_entropy = grad_rest[0] if grad_rest else None
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False, ctx.needs_input_grad[3])
+        with no_autocast(hidden):
+            d_hidden, d_weight, d_bias = chunked_backward(
+                hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, ctx.params, needs
+            )
+        return d_hidden, d_weight, None, d_bias, None
+
+
+def token_logprobs_chunked(hidden, weight, targets, bias, params: LogprobParams):
+    """`[N, D]`, `[V, D]`, `[N]` → logp `[N]` (and entropy `[N]`), float32, memory O(N + chunk·V)."""
+    if not needs_grad(hidden, weight, bias):
+        with no_autocast(hidden):
+            logp, entropy, _ = chunked_forward(hidden, weight, targets, bias, params)
+        return logp, entropy
+    out = ChunkedLogprobFunction.apply(hidden, weight, targets, bias, params)
+    return (out, None) if isinstance(out, torch.Tensor) else out
+
+
+def plain_torch_path(c) -> SampledLogprobs:
+    """The plain path of a checked log-prob call (api.py's `_Call`) on the chunked walk."""
+    hidden = c.hidden if c.hidden.dtype == c.weight.dtype else c.hidden.to(c.weight.dtype)  # an fp32 head
+    logp, entropy = token_logprobs_chunked(hidden, c.weight, c.targets, c.bias, c.params)
+    return SampledLogprobs(logp, entropy, None, None, None)

@@ -1,4 +1,5 @@
-"""The autograd Functions of the two log-prob paths, and their `[N, D]` entry points.
+"""The autograd Function of the Triton log-prob path and its `[N, D]` entry point (the chunked path's live in
+chunked.py, next to the walk they run, and are re-exported here).
 
 Each Function takes the tensors plus one frozen `LogprobParams`. A call under no_grad (or with
 nothing requiring grad) runs the forward alone and keeps nothing for backward. The Triton launchers
@@ -8,53 +9,17 @@ are imported on the first Triton call: triton is optional, and the chunked path 
 import torch
 
 from ..autograd import differentiable_once
-from ..logits import no_autocast
-from .chunked import chunked_backward, chunked_forward
-from .params import LogprobParams
+from .chunked import ChunkedLogprobFunction, needs_grad, token_logprobs_chunked
+from .params import LogprobParams, SampledLogprobs
 
 __all__ = [
     "ChunkedLogprobFunction",
     "TritonLogprobFunction",
+    "plain_triton_path",
     "token_logprobs_chunked",
     "token_logprobs_impl",
     "token_logprobs_triton",
 ]
-
-
-def _needs_grad(hidden, weight, bias) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
-
-
-class ChunkedLogprobFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, bias, params: LogprobParams):
-        with no_autocast(hidden):
-            logp, entropy, lse = chunked_forward(hidden, weight, targets, bias, params)
-        ctx.params = params
-        ctx.save_for_backward(hidden, weight, targets, bias, lse, entropy)
-        return logp if entropy is None else (logp, entropy)
-
-    @staticmethod
-    @differentiable_once  # the backward is hand-written: a second derivative must raise, not be wrong
-    def backward(ctx, grad_logp, *grad_rest):
-        hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
-        grad_entropy = grad_rest[0] if grad_rest else None
-        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False, ctx.needs_input_grad[3])
-        with no_autocast(hidden):
-            d_hidden, d_weight, d_bias = chunked_backward(
-                hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, ctx.params, needs
-            )
-        return d_hidden, d_weight, None, d_bias, None
-
-
-def token_logprobs_chunked(hidden, weight, targets, bias, params: LogprobParams):
-    """`[N, D]`, `[V, D]`, `[N]` → logp `[N]` (and entropy `[N]`), float32, memory O(N + chunk·V)."""
-    if not _needs_grad(hidden, weight, bias):
-        with no_autocast(hidden):
-            logp, entropy, _ = chunked_forward(hidden, weight, targets, bias, params)
-        return logp, entropy
-    out = ChunkedLogprobFunction.apply(hidden, weight, targets, bias, params)
-    return (out, None) if isinstance(out, torch.Tensor) else out
 
 
 class TritonLogprobFunction(torch.autograd.Function):
@@ -137,7 +102,7 @@ def token_logprobs_triton(
     row_scale = _row_vector("row_scale", row_scale, n, hidden.device)
     if n == 0:  # nothing to launch: the chunked path returns the empty outputs (and zero gradients)
         return token_logprobs_chunked(hidden.to(weight.dtype), weight, targets, bias, params)
-    if not _needs_grad(hidden, weight, bias):
+    if not needs_grad(hidden, weight, bias):
         from .fwd import logprob_forward
 
         logp, _, entropy = logprob_forward(hidden, weight, targets, bias, params, theta=theta, row_scale=row_scale)
@@ -149,3 +114,10 @@ def token_logprobs_triton(
 def token_logprobs_impl(impl: str):
     """The `[N, D]`, `[V, D]`, `[N]` log-prob function of a resolved `impl` ("triton" or "torch")."""
     return token_logprobs_triton if impl == "triton" else token_logprobs_chunked
+
+
+def plain_triton_path(c) -> SampledLogprobs:
+    """The plain path of a checked log-prob call (api.py's `_Call`) through the Triton kernels."""
+    hidden = c.hidden if c.hidden.dtype == c.weight.dtype else c.hidden.to(c.weight.dtype)  # an fp32 head
+    logp, entropy = token_logprobs_triton(hidden, c.weight, c.targets, c.bias, c.params)
+    return SampledLogprobs(logp, entropy, None, None, None)

@@ -14,6 +14,7 @@ import torch
 
 from ..autograd import differentiable_once
 from .kept_set import KeptSet
+from .params import SampledLogprobs
 from .replay_torch import (
     cap_slope,
     final_logits,
@@ -23,7 +24,7 @@ from .replay_torch import (
     replay_forward_torch,
 )
 
-__all__ = ["ReplayLogprobs", "ReplayParams", "replay_logprobs", "replay_topk"]
+__all__ = ["ReplayLogprobs", "ReplayParams", "replay_logprobs", "replay_path", "replay_topk"]
 
 
 @dataclass(frozen=True)
@@ -124,3 +125,16 @@ def replay_logprobs(hidden, weight, bias, targets, scale, kept: KeptSet, params:
         logp, lse, entropy, x, _ = _forward(hidden, weight, bias, targets, scale, kept, params)
     top = replay_topk(x, scale, lse, kept, params.softcap, return_topk) if return_topk else (None, None)
     return ReplayLogprobs(logp, entropy, kept.missing, *top)
+
+
+def replay_path(c):
+    """The replay path of a checked log-prob call (api.py's `_Call`): SampledLogprobs over its `[N]` rows."""
+    n, tau = c.targets.shape[0], c.params.temperature
+    if isinstance(tau, torch.Tensor):
+        scale = 1.0 / tau
+    else:
+        scale = torch.full((n,), 1.0 / tau, dtype=torch.float32, device=c.hidden.device)
+    params = ReplayParams(c.params.ignore_index, c.params.softcap, c.impl)
+    out = replay_logprobs(c.hidden, c.weight, c.bias, c.targets.long(), scale, c.kept, params, c.return_topk)
+    entropy = out.entropy if c.params.return_entropy else None
+    return SampledLogprobs(out.logp, entropy, out.missing, out.topk_ids, out.topk_logprobs)

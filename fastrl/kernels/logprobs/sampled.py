@@ -9,7 +9,6 @@ and the Triton kernels take θ for the log-probs.
 """
 
 import dataclasses
-from typing import NamedTuple
 
 import torch
 
@@ -18,18 +17,10 @@ from ..logits import logit_tile, no_autocast
 from .chunked import add_target_hits, chunk_bytes, live_index, live_rows_backward, slab_grads
 from .function import token_logprobs_triton
 from .invariant import invariant_rows, run_blocks
-from .params import LogprobParams
+from .params import LogprobParams, SampledLogprobs
 from .sampling import Truncation, Workspace, tile_threshold
 
-__all__ = ["SampledLogprobs", "sampled_forward", "sampled_tile_rows", "token_logprobs_sampled"]
-
-
-class SampledLogprobs(NamedTuple):
-    logp: torch.Tensor  # [N] float32
-    entropy: torch.Tensor | None  # [N] float32, with return_entropy
-    outside: torch.Tensor  # [N] bool: the target is not in the kept set (z_y < θ)
-    topk_ids: torch.Tensor | None  # [N, k] int64, with return_topk
-    topk_logprobs: torch.Tensor | None  # [N, k] float32 (−inf for a token outside S)
+__all__ = ["SampledLogprobs", "sampled_path", "sampled_forward", "sampled_tile_rows", "token_logprobs_sampled"]
 
 
 _TILE_BYTES = 24  # the forward holds about 24 bytes per tile element (logits, exp, scratch, int64 bin ids, masks)
@@ -246,3 +237,9 @@ def token_logprobs_sampled(hidden, weight, targets, bias, trunc, params, impl, t
             return sampled_forward(hidden, weight, targets, bias, tau, trunc, params, topk)[0]
     logp, entropy, outside, *top = SampledLogprobFunction.apply(hidden, weight, bias, targets, tau, trunc, params, topk)
     return SampledLogprobs(logp, entropy, outside, *(top if top else (None, None)))
+
+
+def sampled_path(c) -> SampledLogprobs:
+    """The sampled path of a checked log-prob call (api.py's `_Call`)."""
+    hidden = c.hidden.to(c.weight.dtype) if c.impl == "triton" else c.hidden  # the torch tiles upcast per chunk
+    return token_logprobs_sampled(hidden, c.weight, c.targets.long(), c.bias, c.trunc, c.params, c.impl, c.return_topk)

@@ -25,10 +25,10 @@ import torch.distributed as dist
 from ..autograd import differentiable_once
 from ..logits import logit_tile, no_autocast
 from .chunked import chunk_rows
-from .params import LogprobParams
+from .params import LogprobParams, SampledLogprobs
 from .sampled import sampled_backward
 
-__all__ = ["resolve_shard", "shard_layout", "token_logprobs_vocab_parallel"]
+__all__ = ["resolve_shard", "shard_layout", "token_logprobs_vocab_parallel", "vocab_parallel_path"]
 
 _M_INIT = -1e30  # the partial max of an empty shard: exp(m − M) is then 0, never NaN
 
@@ -119,21 +119,28 @@ def _combine(m, s, t, z_target, valid, group):
     return logp, lse, entropy
 
 
-def _forward(hidden, weight, targets, bias, tau, params, group, impl, lo):
-    loc = local_targets(targets, lo, weight.shape[0], params.ignore_index)
+@dataclasses.dataclass(frozen=True)
+class _Shard:
+    group: object  # the process group
+    impl: str  # "triton" or "torch"
+    first_row: int  # this rank's first row of the head
+
+
+def _forward(hidden, weight, targets, bias, tau, params, shard: _Shard):
+    loc = local_targets(targets, shard.first_row, weight.shape[0], params.ignore_index)
     local = dataclasses.replace(params, ignore_index=-1)
-    partials = _partials_triton if impl == "triton" else _partials_torch
+    partials = _partials_triton if shard.impl == "triton" else _partials_torch
     with no_autocast(hidden):
         m, s, t, z_target = partials(hidden, weight, loc, bias, tau, local)
-        logp, lse, entropy = _combine(m, s, t, z_target, loc >= 0, group)
+        logp, lse, entropy = _combine(m, s, t, z_target, loc >= 0, shard.group)
     return logp, lse, entropy, loc, local
 
 
 class VocabParallelLogprobFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, bias, tau, params: LogprobParams, group, impl: str, lo: int):
-        logp, lse, entropy, loc, local = _forward(hidden, weight, targets, bias, tau, params, group, impl, lo)
-        ctx.params, ctx.group, ctx.impl, ctx.tau = local, group, impl, tau
+    def forward(ctx, hidden, weight, targets, bias, tau, params: LogprobParams, shard: _Shard):
+        logp, lse, entropy, loc, local = _forward(hidden, weight, targets, bias, tau, params, shard)
+        ctx.params, ctx.group, ctx.impl, ctx.tau = local, shard.group, shard.impl, tau
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(hidden, weight, loc, bias, lse, entropy)
         return logp if entropy is None else (logp, entropy)
@@ -170,7 +177,7 @@ class VocabParallelLogprobFunction(torch.autograd.Function):
             # every rank must join the all-reduce, whichever gradients it formed
             d_hidden = torch.zeros_like(hidden) if d_hidden is None else d_hidden
             dist.all_reduce(d_hidden, group=ctx.group)
-        return d_hidden, d_weight, None, d_bias, None, None, None, None, None
+        return d_hidden, d_weight, None, d_bias, None, None, None
 
 
 def resolve_shard(weight, bias, process_group):
@@ -205,11 +212,20 @@ def token_logprobs_vocab_parallel(hidden, weight, targets, bias, params: Logprob
 
     Returns logp `[N]` and entropy `[N]` (or None), float32, equal on every rank of `group`.
     """
-    tau = params.temperature
+    tau, shard = params.temperature, _Shard(group, impl, lo)
     if isinstance(tau, torch.Tensor):  # the per-row τ rides apart from the kernels' scalar one
         params = dataclasses.replace(params, temperature=1.0)
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
-        logp, _, entropy, _, _ = _forward(hidden, weight, targets, bias, tau, params, group, impl, lo)
+        logp, _, entropy, _, _ = _forward(hidden, weight, targets, bias, tau, params, shard)
         return logp, entropy
-    out = VocabParallelLogprobFunction.apply(hidden, weight, targets, bias, tau, params, group, impl, lo)
+    out = VocabParallelLogprobFunction.apply(hidden, weight, targets, bias, tau, params, shard)
     return (out, None) if isinstance(out, torch.Tensor) else out
+
+
+def vocab_parallel_path(c) -> SampledLogprobs:
+    """The vocab-parallel path of a checked log-prob call (api.py's `_Call`)."""
+    hidden = c.hidden if c.hidden.dtype == c.weight.dtype else c.hidden.to(c.weight.dtype)
+    logp, entropy = token_logprobs_vocab_parallel(
+        hidden, c.weight, c.targets, c.bias, c.params, c.group, c.impl, c.first_row
+    )
+    return SampledLogprobs(logp, entropy, None, None, None)

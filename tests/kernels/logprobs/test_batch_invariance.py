@@ -86,7 +86,7 @@ def test_a_rows_outputs_do_not_depend_on_the_batch(impl, sampler, others, d, mon
 
 def test_planted_torch_chunks_that_follow_n_fail(monkeypatch):
     # the torch walks without their fixed blocks: the chunk rows (the GEMMs' M) follow the token count again
-    monkeypatch.setattr(api, "_in_blocks", lambda call: api._PATHS[api.route(call)](call))
+    monkeypatch.setattr(api, "_in_blocks", lambda call: api._PATHS[api.route(call), call.impl](call))
     with pytest.raises(AssertionError):
         _check_invariance("torch", False, monkeypatch, 4096, 32)
 
