@@ -28,7 +28,7 @@ def child(mode: str, vocab: int, hidden: int, tokens: int) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from fastrl.integrations.trl import add_fastrl_lm_head
-    from fastrl.kernels.logprobs import function
+    from fastrl.kernels.logprobs import chunked
 
     torch.manual_seed(0)
     config = Qwen2Config(
@@ -43,13 +43,19 @@ def child(mode: str, vocab: int, hidden: int, tokens: int) -> dict:
         base = model.get_base_model()
     add_fastrl_lm_head(base, impl="torch")
     asked = []
-    backward = function.chunked_backward
+    backward = chunked.chunked_backward
+    inside = []  # chunked_backward calls itself on the live rows: record the outer call alone
 
     def recorded(*args):
-        asked.append(bool(args[-1][1]))
-        return backward(*args)
+        if not inside:
+            asked.append(bool(args[-1][1]))
+        inside.append(True)
+        try:
+            return backward(*args)
+        finally:
+            inside.pop()
 
-    function.chunked_backward = recorded
+    chunked.chunked_backward = recorded
     ids = torch.randint(3, vocab, (2, tokens // 2))
 
     def step():
