@@ -13,7 +13,6 @@ import bench.bench_grpo_loss as grpo_bench
 import bench.bench_token_logprobs as tlp_bench
 import fastrl.kernels.fused_loss.api as fused_api
 import fastrl.kernels.logprobs.chunked as logprobs_chunked
-import fastrl.kernels.logprobs.function as logprobs_function
 from bench import __main__ as cli
 from bench import report, verdict
 from bench.harness import Result, Settings, ShapeCache, quantiles, rss_peak_bytes, run_config
@@ -329,7 +328,7 @@ def test_a_planted_slowdown_fires_and_the_run_says_it_is_planted(tmp_path, monke
     out = tmp_path / "out"
     argv = ["--device", "cpu", "--acceptance", "--reps", "2", "--no-memory", "--out", str(out),
             "--providers", "eager,fastrl-torch", "--plant-slowdown", "0.15"]  # fmt: skip
-    originals = (fused_api.fused_forward, logprobs_function.chunked_forward, logprobs_chunked.chunked_backward)
+    originals = (fused_api.fused_forward, logprobs_chunked.chunked_forward, logprobs_chunked.chunked_backward)
     assert cli.main(argv) == 0
     data = json.loads((out / "cpu_acceptance_planted.json").read_text())
     planted = data["environment"]["planted_slowdown"]
@@ -340,7 +339,7 @@ def test_a_planted_slowdown_fires_and_the_run_says_it_is_planted(tmp_path, monke
     assert text.startswith("- **PLANTED SLOW-DOWN — NOT A REAL RUN**") and "0.15" in text.splitlines()[0]
     assert not (out / "cpu_acceptance.json").exists()  # a planted run never takes a real run's file name
     # the kernels are themselves again afterwards
-    assert (fused_api.fused_forward, logprobs_function.chunked_forward, logprobs_chunked.chunked_backward) == originals
+    assert (fused_api.fused_forward, logprobs_chunked.chunked_forward, logprobs_chunked.chunked_backward) == originals
     assert not hasattr(fused_api.fused_forward, "__wrapped__")
     capsys.readouterr()
     verdict.main([str(out / "cpu_acceptance_planted.json")])
