@@ -14,7 +14,7 @@ import os
 import resource
 import sys
 
-_MS_NOSUID, _MS_NODEV = 2, 4
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 32, 4096, 16384
 _CAPABILITY_VERSION_3 = 0x20080522
 _PR_CAPBSET_DROP = 24
 
@@ -47,6 +47,13 @@ def _main(config: dict) -> str:
     for target in (b"/tmp", b"/dev/shm") if config["tmpfs"] else ():  # /dev/shm: multiprocessing's locks
         if libc.mount(b"tmpfs", target, b"tmpfs", _MS_NOSUID | _MS_NODEV, config["tmpfs"].encode()) != 0:
             raise OSError(ctypes.get_errno(), f"mounting the sandbox's {target.decode()} failed")
+    for kept, target in config.get("rebind", ()):  # a Python installation under /tmp: back, read-only
+        os.makedirs(target, mode=0o755, exist_ok=True)
+        if libc.mount(kept.encode(), target.encode(), None, _MS_BIND | _MS_REC, None) != 0:
+            raise OSError(ctypes.get_errno(), f"binding {target} into the sandbox's /tmp failed")
+        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+        if libc.mount(None, target.encode(), None, flags, None) != 0:
+            raise OSError(ctypes.get_errno(), f"making {target} read-only failed")
     for name, value in config["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
     if config["drop_privileges"]:

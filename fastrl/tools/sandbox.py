@@ -43,6 +43,8 @@ _TEARDOWN_TIMEOUT_S = 10.0
 # probability about 1 in 500 million per pair: they would then share the process limit, nothing else).
 _UID_BASE, _UID_SPAN = 1 << 30, 1 << 29
 _SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_PRIVATE_MOUNTS = ("/tmp/", "/dev/shm/")  # the launcher mounts fresh ones over these
+_KEEP_DIR = "/.python-kept"  # where a Python directory under them waits for the launcher
 _NAMESPACES = ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
 
 
@@ -141,7 +143,13 @@ def sandboxed_command(
             command += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             command += ["--ro-bind", path, path]
-    for source, target in [*((d, d) for d in _python_dirs()), *binds]:
+    # A Python directory under /tmp or /dev/shm (a virtualenv made there) would vanish under the launcher's private
+    # mounts: bound a second time outside them, the launcher binds it back over its new /tmp (read-only).
+    shadowed = [d for d in _python_dirs() if d.startswith(_PRIVATE_MOUNTS)]
+    config["rebind"] = [[f"{_KEEP_DIR}/{i}", d] for i, d in enumerate(shadowed)]
+    inner[-1] = json.dumps(config)
+    keep = [(d, f"{_KEEP_DIR}/{i}") for i, d in enumerate(shadowed)]
+    for source, target in [*((d, d) for d in _python_dirs()), *keep, *binds]:
         # Parent directories made here are 0755 whatever the host's are (e.g. /root's 0700).
         parents = list(Path(target).parents)[::-1][1:]
         for parent in parents:

@@ -132,3 +132,22 @@ def test_sandbox_fusion_maps_the_request_and_the_reply():
         server.shutdown()
         server.server_close()
     assert os.getpid()  # this process served and survived every reply
+
+
+@pytest.mark.slow
+def test_a_python_directory_under_tmp_stays_visible_and_read_only(tmp_path, monkeypatch):
+    # A virtualenv made under /tmp (a test's, a CI clone's) holds the interpreter and its packages: the sandbox's
+    # private /tmp must not hide it, and the model must not write to it.
+    assert str(tmp_path).startswith("/tmp/")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "kept_module.py").write_text("VALUE = 41 + 1\n")
+    python_dirs = sandbox_module._python_dirs
+    monkeypatch.setattr(sandbox_module, "_python_dirs", lambda: [*python_dirs(), str(tmp_path / "site")])
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path / 'site')!r}); import kept_module; print(kept_module.VALUE)\n"
+        f"open({str(tmp_path / 'site' / 'new.py')!r}, 'w')\n"
+    )
+    result = run_python(code, timeout_s=20.0)
+    assert result.status == "error" and result.output.startswith("42\n"), result
+    assert "Read-only file system" in result.output, result
+    assert not (tmp_path / "site" / "new.py").exists()
