@@ -13,13 +13,15 @@ import time
 import torch
 
 from .async_feed import AsyncFeed, dealt_prompt_ids, share_groups, timeline
+from .batching import KeptSets
 from .build import Run, build_model
 from .config import TrainConfig
 from .fsdp import is_sharded
 from .prompt_ledger import PromptLedger
 from .rollout import Completion, build_prompt
 from .rollout.interface import end_token_ids
-from .rollout.vllm_engine import kv_cache_bytes, vllm_dtype
+from .rollout.sampling import resolve_replay
+from .rollout.vllm_engine import engine_replay_blocker, kv_cache_bytes, model_runner_v2, vllm_dtype
 from .stages import Batch, attach_logprobs, score_batch
 from .tiny import built_in
 from .tiny.export import model_dir
@@ -31,6 +33,8 @@ def worker_spec(config, model, tokenizer, model_path: str):
 
     max_model_len = config.max_prompt_length + config.max_completion_length
     dtype = vllm_dtype(config, model)
+    recorder = not model_runner_v2()  # the rollout process runs its engine core in itself: the recorder's records too
+    replay = resolve_replay(config, engine_replay_blocker(config, recorder, in_process=False))
     return WorkerSpec(
         model=model_path,
         dtype=dtype,
@@ -44,15 +48,19 @@ def worker_spec(config, model, tokenizer, model_path: str):
         kv_cache_bytes=kv_cache_bytes(config, model, dtype, max_model_len),
         enforce_eager=config.vllm_enforce_eager,
         gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        replay=("recorder" if recorder else "mask") if replay else "off",
     )
 
 
 def completions_of(groups) -> list[Completion]:
-    return [
-        Completion(list(g.prompt_ids), list(ids), cut, list(lps))
-        for g in groups
-        for ids, lps, cut in zip(g.completion_ids, g.logprobs, g.truncated)
-    ]
+    """The groups' completions, with their kept sets (received as NumPy arrays) where the rollout process sent them."""
+    out = []
+    for g in groups:
+        kept = g.kept or [None] * len(g.completion_ids)
+        for ids, lps, cut, sets in zip(g.completion_ids, g.logprobs, g.truncated, kept):
+            sets = None if sets is None else KeptSets(torch.from_numpy(sets[0]), torch.from_numpy(sets[1]))
+            out.append(Completion(list(g.prompt_ids), list(ids), cut, list(lps), kept=sets))
+    return out
 
 
 class AsyncSource:
