@@ -265,17 +265,3 @@ def test_worker_dies_with_a_killed_trainer(served, tmp_path):
         assert not alive(child), f"rollout worker {child} outlived its SIGKILLed trainer"
     finally:
         trainer.kill()
-
-
-def test_gpu_weight_transfer_is_vllms_nccl_engine():
-    """Off a GPU only the wiring: vLLM's nccl trainer engine takes the init info WeightPush builds."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-    info = NCCLTrainerInitInfo(rank=0, master_address="127.0.0.1", master_port=29555, world_size=2)
-    assert info.backend == "nccl" and info.is_sender
-    assert WeightTransferTrainerFactory._registry["nccl"]().__name__ == "NCCLTrainerWeightTransferEngine"
-    with pytest.raises(ValueError, match="nccl="):
-        WeightPush(None, None, backend="nccl")
-    with pytest.raises(ValueError, match="unknown weight-transfer backend"):
-        WeightPush(None, None, backend="ipc")

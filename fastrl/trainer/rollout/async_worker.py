@@ -204,7 +204,13 @@ class RolloutWorker:
             _, name, kwargs = msg
             if name not in _RPCS:
                 raise ValueError(f"unknown rollout RPC {name!r}; expected one of {sorted(_RPCS)}")
-            result = getattr(self.llm, name)(**kwargs)
+            if name == "update_weights" and self.spec.backend == "nccl":
+                from .nccl_weights import beating
+
+                with beating(self.beat):  # a long receive must not look like a hung engine
+                    result = self.llm.update_weights(**kwargs)
+            else:
+                result = getattr(self.llm, name)(**kwargs)
             if name == "start_weight_update":
                 self.updating = True
             elif name in ("finish_weight_update", "update_weight_version"):
