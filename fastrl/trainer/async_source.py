@@ -6,6 +6,11 @@ steps; after each one the weights go to the rollout process as the next version 
 once the batch is done its prompts are marked trained in the ledger, which the checkpoint holds. Each step's
 record adds its batch's staleness (at admission), dropped groups, queue depth, the busy / idle
 timeline and the prompt ids of the batch. A resumed run re-queues what was in flight.
+
+Devices: on the CPU the rollout process shares the machine and the weights go through shared memory. On CUDA it
+runs on GPUs of its own (the `rollout_gpus` setting, `rollout/devices.py`): it sees only them, tensor parallel
+over all of them; every trainer rank checks by UUID that its GPU is none of them; the weights go over vLLM's
+`nccl` engine, rank 0 the sender. CUDA without rollout GPUs is refused.
 """
 
 import contextlib

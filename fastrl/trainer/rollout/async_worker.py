@@ -26,6 +26,13 @@ the old tokens is recomputed under the new weights (a new request; the prefix ca
 old tokens keep their behaviour log-probs and versions, and the pieces' version spans are stitched.
 Without chunking a request that runs across a weight update keeps the KV it computed under the old weights.
 
+Kept sets (`spec.replay`, docs/math.md §9): our recorder (a V1 logits processor, vLLM's CPU build) or vLLM's
+sampling mask (Model Runner V2) gives each token the set its sampler kept; one record per piece, concatenated in
+order, sent in the group as NumPy int32 arrays (ids, counts) per completion.
+
+On GPUs of its own (`backend="nccl"`) the heartbeat keeps going during `update_weights`: a long receive is not a
+hung engine.
+
 The prefix cache is off: vLLM cannot reset it while requests run ("Failed to reset prefix cache because
 some blocks are not freed yet"), so after an update a new request could reuse KV computed by old weights.
 """
