@@ -6,20 +6,33 @@ steps; after each one the weights go to the rollout process as the next version 
 once the batch is done its prompts are marked trained in the ledger, which the checkpoint holds. Each step's
 record adds its batch's staleness (at admission), dropped groups, queue depth, the busy / idle
 timeline and the prompt ids of the batch. A resumed run re-queues what was in flight.
+
+Devices: on the CPU the rollout process shares the machine and the weights go through shared memory. On CUDA it
+runs on GPUs of its own (the `rollout_gpus` setting, `rollout/devices.py`): it sees only them, tensor parallel
+over all of them; every trainer rank checks by UUID that its GPU is none of them; the weights go over vLLM's
+`nccl` engine, rank 0 the sender. CUDA without rollout GPUs is refused.
 """
 
+import contextlib
+import dataclasses
+import os
+import socket
 import time
 
 import torch
+import torch.distributed as dist
 
 from .async_feed import AsyncFeed, dealt_prompt_ids, share_groups, timeline
+from .batching import KeptSets
 from .build import Run, build_model
 from .config import TrainConfig
 from .fsdp import is_sharded
 from .prompt_ledger import PromptLedger
 from .rollout import Completion, build_prompt
+from .rollout.devices import DevicePlan, check_rank_uuids, plan_rollout, visible_devices_for_children, visible_gpu_ids
 from .rollout.interface import end_token_ids
-from .rollout.vllm_engine import kv_cache_bytes, vllm_dtype
+from .rollout.sampling import resolve_replay
+from .rollout.vllm_engine import engine_replay_blocker, kv_cache_bytes, model_runner_v2, vllm_dtype
 from .stages import Batch, attach_logprobs, score_batch
 from .tiny import built_in
 from .tiny.export import model_dir
@@ -31,6 +44,8 @@ def worker_spec(config, model, tokenizer, model_path: str):
 
     max_model_len = config.max_prompt_length + config.max_completion_length
     dtype = vllm_dtype(config, model)
+    recorder = not model_runner_v2()  # the rollout process runs its engine core in itself: the recorder's records too
+    replay = resolve_replay(config, engine_replay_blocker(config, recorder, in_process=False))
     return WorkerSpec(
         model=model_path,
         dtype=dtype,
@@ -44,15 +59,48 @@ def worker_spec(config, model, tokenizer, model_path: str):
         kv_cache_bytes=kv_cache_bytes(config, model, dtype, max_model_len),
         enforce_eager=config.vllm_enforce_eager,
         gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        replay=("recorder" if recorder else "mask") if replay else "off",
     )
 
 
+def on_devices(spec, plan: DevicePlan | None):
+    """The worker spec on the plan's GPUs: tensor parallel over them, their memory share, weights over NCCL."""
+    if plan is None:
+        return spec
+    return dataclasses.replace(spec, tensor_parallel_size=plan.tensor_parallel_size, backend=plan.weight_backend,
+                               gpu_memory_utilization=plan.gpu_memory_utilization)  # fmt: skip
+
+
+def nccl_link(plan: DevicePlan, visible: tuple[int, ...], rank: int) -> tuple[str, int]:
+    """Every trainer rank's check that its GPU is none of the rollout process's (by UUID), then the weight
+    transfer group's rendezvous (rank 0's address and a free port), the same on every rank."""
+    mine = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    ranks = [mine]
+    shared = [None]
+    if rank == 0:
+        gpus = [visible.index(int(g)) for g in plan.rollout_visible.split(",")]  # in this process's numbering
+        rollout = [str(torch.cuda.get_device_properties(i).uuid) for i in gpus]
+        with socket.socket() as s:
+            s.bind(("", 0))
+            shared = [(rollout, os.environ.get("MASTER_ADDR", "127.0.0.1"), s.getsockname()[1])]
+    if dist.is_initialized():
+        ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+        dist.broadcast_object_list(shared, src=0)
+    rollout, address, port = shared[0]
+    check_rank_uuids(ranks, rollout)
+    return address, port
+
+
 def completions_of(groups) -> list[Completion]:
-    return [
-        Completion(list(g.prompt_ids), list(ids), cut, list(lps))
-        for g in groups
-        for ids, lps, cut in zip(g.completion_ids, g.logprobs, g.truncated)
-    ]
+    """The groups' completions, with their kept sets (received as NumPy arrays) where the rollout process sent them."""
+    out = []
+    for g in groups:
+        kept = g.kept or [None] * len(g.completion_ids)
+        for ids, lps, cut, sets in zip(g.completion_ids, g.logprobs, g.truncated, kept):
+            sets = None if sets is None else KeptSets(torch.from_numpy(sets[0]), torch.from_numpy(sets[1]))
+            out.append(Completion(list(g.prompt_ids), list(ids), cut, list(lps), kept=sets))
+    return out
 
 
 class AsyncSource:
@@ -60,7 +108,6 @@ class AsyncSource:
 
     def __init__(self, run: Run, config: TrainConfig, reward):
         from .rollout.async_client import AsyncRollout
-        from .rollout.weight_push import WeightPush
 
         self.run, self.config, self.reward = run, config, reward
         self.K, self.lead = config.async_staleness, run.rank == 0
@@ -68,27 +115,47 @@ class AsyncSource:
         self.ledger = PromptLedger.from_state(state) if state else PromptLedger(run.stream.position)
         self.rollout = self.push = self.export = self.feed = None
         sharded = is_sharded(run.model)
+        device = next(run.model.parameters()).device.type
+        cuda = device == "cuda"
+        visible = visible_gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count()) if cuda else ()
+        plan = plan_rollout(getattr(config, "rollout_gpus", ""), device, visible,
+                            int(os.environ.get("LOCAL_WORLD_SIZE", "1")), self.K)  # fmt: skip
+        link = nccl_link(plan, visible, run.rank) if plan is not None else None
         if not (self.lead or sharded):
             return
         try:
             if not self.lead:  # a sharded model's full tensors are gathered by every rank: each takes part in a push
-                self.push = WeightPush(None, run.model, rank=run.rank)
+                self.push = self._weight_push(None, run.model, plan, link)
                 self.push.push(run.step)
                 return
             # vLLM loads the tiny model from an export whose weights the first push replaces: a sharded model exports an
             # unsharded copy
             exported = build_model(config, torch.device("cpu"))[0] if sharded and built_in(config.model) else run.model
             path, self.export = model_dir(config.model, exported, run.tokenizer)
-            spec = worker_spec(config, run.model, run.tokenizer, path)
-            self.rollout = AsyncRollout(spec, startup_timeout_s=config.rollout_timeout_s,
-                                        timeout_s=config.rollout_timeout_s).start()  # fmt: skip
-            self.push = WeightPush(self.rollout, run.model)
+            spec = on_devices(worker_spec(config, run.model, run.tokenizer, path), plan)
+            gpus = visible_devices_for_children(plan.rollout_visible) if plan else contextlib.nullcontext()
+            with gpus:  # the rollout process sees only its GPUs, set before vLLM starts there
+                self.rollout = AsyncRollout(spec, startup_timeout_s=config.rollout_timeout_s,
+                                            timeout_s=config.rollout_timeout_s).start()  # fmt: skip
+            self.push = self._weight_push(self.rollout, run.model, plan, link)
             self.push.push(run.step)
             self.feed = AsyncFeed(self.rollout, self.ledger, self._prompt_of, config.group_size,
                                   config.prompts_per_step, self.K, config.seed)  # fmt: skip
         except BaseException:
             self.close()
             raise
+
+    def _weight_push(self, rollout, model, plan: DevicePlan | None, link):
+        """Shared memory on the CPU; with rollout GPUs vLLM's `nccl` engine, built on every rank (rank 0 sends)."""
+        from .rollout.weight_push import WeightPush
+
+        if plan is None:
+            return WeightPush(rollout, model, rank=self.run.rank)
+        from .rollout.nccl_weights import NcclWeightPush
+
+        return NcclWeightPush(rollout, model, vllm_dtype(self.config, model), rank=self.run.rank,
+                              master_address=link[0], master_port=link[1],
+                              world_size=1 + plan.tensor_parallel_size)  # fmt: skip
 
     def _prompt_of(self, pid: int) -> list[int]:
         c = self.config

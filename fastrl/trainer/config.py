@@ -210,8 +210,6 @@ def replay_blocker(c: TrainConfig) -> str | None:
     records them may."""
     if not c.sampler.truncates:
         return "nothing is truncated (top_k, top_p and min_p are off): there is no kept set to replay"
-    if c.async_staleness >= 0:
-        return "the asynchronous rollout process does not send kept sets (async_staleness >= 0)"
     if c.sequence_parallel > 1:
         return f"sequence_parallel={c.sequence_parallel} splits the micro-batches the kept sets are laid out for"
     return None

@@ -31,6 +31,9 @@ class RolloutGroup:
     spans: list[tuple[VersionSpan, ...]]  # per completion, covering [0, len(completion_ids[i]))
     truncated: list[bool]  # per completion: cut at the length limit before an end token
     meta: dict = field(default_factory=dict)
+    # per completion, with `--sampler-replay`: the sampler's kept sets as NumPy int32 arrays (ids [M], counts [T]),
+    # the pieces of a partial rollout concatenated in order (`batching.KeptSets` once received); None without
+    kept: list[tuple] | None = None
 
     def __post_init__(self):
         n = len(self.completion_ids)
@@ -43,6 +46,13 @@ class RolloutGroup:
             if len(lps) != len(ids):
                 raise ValueError(f"group {self.prompt_id}: {len(ids)} tokens but {len(lps)} log-probs")
             check_spans(spans, len(ids))
+        if self.kept is not None:
+            if len(self.kept) != n:
+                raise ValueError(f"group {self.prompt_id}: {n} completions but {len(self.kept)} kept-set records")
+            for ids, (kept_ids, counts) in zip(self.completion_ids, self.kept):
+                if len(counts) != len(ids) or int(counts.sum()) != len(kept_ids):
+                    raise ValueError(f"group {self.prompt_id}: {len(ids)} tokens but kept sets for {len(counts)} "
+                                     f"tokens holding {int(counts.sum())} ids of {len(kept_ids)}")  # fmt: skip
 
     @property
     def oldest_version(self) -> int:

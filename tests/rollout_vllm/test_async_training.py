@@ -1,5 +1,6 @@
 """`fastrl train --async-staleness K` on vLLM's CPU build: the synchronous order at K = 0, learning at K = 1 with
-partial rollouts, a killed rollout process reported, and a resume that trains every prompt exactly once."""
+partial rollouts and replayed kept sets, a killed rollout process reported, and a resume that trains every prompt
+exactly once."""
 
 import gc
 import json
@@ -80,10 +81,11 @@ def _start_two_ranks(out, *flags):
 
 
 def test_async_run_learns_with_bounded_staleness_and_partial_rollouts(tmp_path):
-    """One 40-step run: K = 1 with 4-token chunks (completions are up to 12 tokens)."""
+    """One 40-step run: K = 1 with 4-token chunks (completions are up to 12 tokens), top-p 0.9 with the kept sets
+    the rollout process recorded replayed by the loss (every sampled token inside its set)."""
     steps, out = 40, tmp_path / "run"
     config = make_config("tiny", **ENGINE, max_steps=steps, save_steps=0, progress=False, output_dir=str(out),
-                         async_staleness=1, rollout_chunk_tokens=4)  # fmt: skip
+                         async_staleness=1, rollout_chunk_tokens=4, top_p=0.9, sampler_replay="on")  # fmt: skip
     loop.train(config)
     rows = rows_of(out)
     acc = [r["reward_correct_mean"] for r in rows]
@@ -97,6 +99,7 @@ def test_async_run_learns_with_bounded_staleness_and_partial_rollouts(tmp_path):
     # tokens trained one version after they were sampled: the rollouts ran ahead of the trainer (the busy fractions
     # above are timings, printed, not asserted: they depend on the machine's load)
     assert max(r["staleness_max"] for r in rows) <= 1 and sum(stale) > 0
+    assert sum(r["replay_missing_tokens"] for r in rows) == 0
 
 
 def _run(out, *flags):

@@ -147,6 +147,57 @@ def test_killed_worker_is_reported_within_the_timeout(served):
     assert time.monotonic() - t < 10
 
 
+def test_kept_sets_recorded_per_piece_replay_vllms_logprobs(served):
+    """`replay="recorder"` (vLLM's CPU build): each token's kept set is recorded in the rollout process, one record
+    per piece of a partial rollout, concatenated in order, sent as NumPy arrays; replayed by the trainer they give
+    vLLM's processed log-probs within 1e-5 per token with every sampled token inside its set (no cutoff flip). The
+    same sets one position off (a misalignment) fail it."""
+    from fastrl.trainer.async_source import completions_of
+    from fastrl.trainer.batching import KeptSets, Sample
+    from fastrl.trainer.update import StepSettings, sequence_logprobs
+
+    _, model, tokenizer, served_rollout, _, path = served
+    assert not served_rollout.process.is_alive()  # never two engines at once
+    config = tiny_config(top_p=0.9, top_k=50, min_p=0.02, bf16=False)
+    prompts = prompts_of(tokenizer)
+    with AsyncRollout(spec_of(config, path, tokenizer, replay="recorder"), startup_timeout_s=900,
+                      timeout_s=120).start() as rollout:  # fmt: skip
+        WeightPush(rollout, model).push(0)
+        rollout.submit(0, prompts[0], 4, SEED)
+        rollout.submit(1, prompts[1], 4, SEED, max_tokens=9, min_tokens=9, chunk_tokens=4)  # three pieces each
+        rollout.submit(2, prompts[2], 4, SEED, chunk_tokens=3)
+        groups = sorted((rollout.next_group() for _ in prompts), key=lambda g: g.prompt_id)
+    assert groups[1].meta["pieces"] == [3] * 4 and max(groups[2].meta["pieces"]) > 1
+    for g in groups:
+        assert all(ids.dtype.name == counts.dtype.name == "int32" for ids, counts in g.kept)  # arrays, not tensors
+    comps = completions_of(groups)
+    vllm = torch.tensor([x for c in comps for x in c.logprobs])
+    sizes = torch.cat([c.kept.counts for c in comps])
+    assert sizes.numel() == vllm.numel() and (sizes >= 1).all() and (sizes < len(tokenizer)).float().mean() > 0.5
+    settings = StepSettings(config.loss, 1 << 20, False, tokenizer.pad_token_id, impl="torch", bf16=False)
+
+    def gap(kept_of) -> tuple[torch.Tensor, int]:
+        samples = [Sample(c.prompt_ids, c.completion_ids, 0.0, kept=kept_of(c.kept)) for c in comps]
+        lp = torch.tensor([x for row in sequence_logprobs(model, samples, settings) for x in row])
+        outside = 0  # sampled tokens outside their replayed set: the cutoff flipped
+        for c, s in zip(comps, samples):
+            starts = torch.cat([torch.zeros(1, dtype=torch.int64), s.kept.counts.long().cumsum(0)])
+            sets = [s.kept.ids[starts[i] : starts[i + 1]].tolist() for i in range(len(s.kept))]
+            outside += sum(t not in kept for t, kept in zip(c.completion_ids, sets))
+        return (lp - vllm).abs(), outside
+
+    err, flips = gap(lambda kept: kept)
+    print(f"replayed kept sets: max |vLLM - trainer| = {err.max():.2e} over {err.numel()} tokens, {flips} flips")
+    assert err.max() <= 1e-5 and flips == 0
+
+    def one_off(kept: KeptSets) -> KeptSets:  # token t gets token t+1's set (the last keeps its own)
+        starts = torch.cat([torch.zeros(1, dtype=torch.int64), kept.counts.long().cumsum(0)])
+        sets = [kept.ids[starts[t] : starts[t + 1]] for t in range(len(kept))]
+        return KeptSets.of(sets[1:] + sets[-1:])
+
+    assert gap(one_off)[0].max() > 1e-3
+
+
 def test_worker_tokens_equal_an_in_process_engine_with_the_same_seeds(served):
     """The seeds make a request's tokens independent of the process and the batch it ran in."""
     from vllm import LLM, SamplingParams
@@ -214,17 +265,3 @@ def test_worker_dies_with_a_killed_trainer(served, tmp_path):
         assert not alive(child), f"rollout worker {child} outlived its SIGKILLed trainer"
     finally:
         trainer.kill()
-
-
-def test_gpu_weight_transfer_is_vllms_nccl_engine():
-    """Off a GPU only the wiring: vLLM's nccl trainer engine takes the init info WeightPush builds."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-    info = NCCLTrainerInitInfo(rank=0, master_address="127.0.0.1", master_port=29555, world_size=2)
-    assert info.backend == "nccl" and info.is_sender
-    assert WeightTransferTrainerFactory._registry["nccl"]().__name__ == "NCCLTrainerWeightTransferEngine"
-    with pytest.raises(ValueError, match="nccl="):
-        WeightPush(None, None, backend="nccl")
-    with pytest.raises(ValueError, match="unknown weight-transfer backend"):
-        WeightPush(None, None, backend="ipc")

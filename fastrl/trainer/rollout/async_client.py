@@ -4,7 +4,8 @@
 and talks to it over two queues: commands in, answers out (the output queue is bounded; the worker keeps
 what does not fit and retries). It is also vLLM's `VLLMWeightSyncClient` (the four weight-sync calls, sent as
 RPCs the worker applies between engine steps), so vLLM's trainer-side weight-transfer engines drive it:
-`WeightPush` uses the shared-memory engine on CPU (`shm_transfer`) and vLLM's `nccl` engine on GPUs.
+`WeightPush` uses the shared-memory engine on CPU (`shm_transfer`), `NcclWeightPush` vLLM's `nccl` engine on
+GPUs of the rollout process's own (`devices.py`).
 
 Every wait has a bound. Start-up: `startup_timeout_s` (vLLM's CPU engine took 123 s to start on the test
 machine). Afterwards: the worker's heartbeat must be younger than `timeout_s`, and its process alive; a dead

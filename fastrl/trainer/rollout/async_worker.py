@@ -26,6 +26,13 @@ the old tokens is recomputed under the new weights (a new request; the prefix ca
 old tokens keep their behaviour log-probs and versions, and the pieces' version spans are stitched.
 Without chunking a request that runs across a weight update keeps the KV it computed under the old weights.
 
+Kept sets (`spec.replay`, docs/math.md §9): our recorder (a V1 logits processor, vLLM's CPU build) or vLLM's
+sampling mask (Model Runner V2) gives each token the set its sampler kept; one record per piece, concatenated in
+order, sent in the group as NumPy int32 arrays (ids, counts) per completion.
+
+On GPUs of its own (`backend="nccl"`) the heartbeat keeps going during `update_weights`: a long receive is not a
+hung engine.
+
 The prefix cache is off: vLLM cannot reset it while requests run ("Failed to reset prefix cache because
 some blocks are not freed yet"), so after an update a new request could reuse KV computed by old weights.
 """
@@ -38,6 +45,8 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..staleness import RolloutGroup, VersionSpan, parse_spans, stitch
 
@@ -95,6 +104,7 @@ class WorkerSpec:
     enforce_eager: bool = True
     gpu_memory_utilization: float = 0.9
     backend: str = "fastrl_shm"  # the weight-transfer backend ("nccl" on GPUs)
+    replay: str = "off"  # the kept sets: "off", "recorder" (our V1 logits processor), "mask" (Model Runner V2's)
     tensor_parallel_size: int = 1
     extra: dict = field(default_factory=dict)  # more `LLM(...)` keywords
 
@@ -108,6 +118,8 @@ class _Sample:
     done: bool = False
     truncated: bool = False
     parked_at: int | None = None  # the version under which it ran out of its chunk
+    kept: list = field(default_factory=list)  # with replay: each piece's kept sets, (ids, counts) int32 arrays
+    key: int | None = None  # the recorder's key of the piece being sampled
 
 
 @dataclass
@@ -128,7 +140,15 @@ class RolloutWorker:
 
         shm_transfer.register()
         self.spec, self.out, self.beat, self._params = spec, out, beat, SamplingParams
+        if spec.replay not in ("off", "recorder", "mask"):
+            raise ValueError(f"WorkerSpec.replay must be 'off', 'recorder' or 'mask', got {spec.replay!r}")
         extra = {**whole_prefills(spec.max_model_len), **spec.extra}
+        if spec.replay == "recorder":
+            from .vllm_kept import KeptSetRecorder
+
+            extra["logits_processors"] = [KeptSetRecorder]
+        elif spec.replay == "mask":
+            extra["return_sampling_mask"] = True
         if spec.kv_cache_bytes is not None:
             extra["kv_cache_memory_bytes"] = spec.kv_cache_bytes
         self.llm = LLM(model=spec.model, dtype=spec.dtype, max_model_len=spec.max_model_len, seed=spec.seed,
@@ -191,7 +211,13 @@ class RolloutWorker:
             _, name, kwargs = msg
             if name not in _RPCS:
                 raise ValueError(f"unknown rollout RPC {name!r}; expected one of {sorted(_RPCS)}")
-            result = getattr(self.llm, name)(**kwargs)
+            if name == "update_weights" and self.spec.backend == "nccl":
+                from .nccl_weights import beating
+
+                with beating(self.beat):  # a long receive must not look like a hung engine
+                    result = self.llm.update_weights(**kwargs)
+            else:
+                result = getattr(self.llm, name)(**kwargs)
             if name == "start_weight_update":
                 self.updating = True
             elif name in ("finish_weight_update", "update_weight_version"):
@@ -211,11 +237,17 @@ class RolloutWorker:
         g, s, spec = self.groups[prompt_id], self.groups[prompt_id].samples[k], self.spec
         left = g.max_tokens - len(s.ids)
         limit = min(left, g.chunk_tokens) if g.chunk_tokens > 0 else left
+        truncation, extra = {"top_k": spec.top_k, "top_p": spec.top_p}, {}
+        if spec.replay == "recorder":  # top-k / top-p applied by the recorder, the request's own off
+            from .vllm_kept import EXTRA_KEY, opt_in
+
+            extra["extra_args"] = opt_in(spec.top_k, spec.top_p)
+            s.key = extra["extra_args"][EXTRA_KEY]["key"]
+            truncation = {"top_k": 0, "top_p": 1.0}
         params = self._params(
             n=1,
             temperature=spec.temperature,
-            top_p=spec.top_p,
-            top_k=spec.top_k,
+            **truncation,
             min_p=spec.min_p,
             max_tokens=limit,
             min_tokens=min(max(g.min_tokens - len(s.ids), 0), limit),
@@ -223,6 +255,7 @@ class RolloutWorker:
             stop_token_ids=list(spec.stop_ids),
             detokenize=False,
             seed=request_seed(g.seed, prompt_id, k, len(s.pieces)),
+            **extra,
         )
         s.parked_at = None
         rid = f"{prompt_id}:{k}:{len(s.pieces)}"
@@ -239,6 +272,8 @@ class RolloutWorker:
         s.logprobs += [d[t].logprob for d, t in zip(c.logprobs, ids)]
         s.pieces.append(parse_spans(c.weight_versions, len(ids), self.version))
         s.lengths.append(len(ids))
+        if self.spec.replay != "off":
+            s.kept.append(self._kept(c, s, len(ids)))
         ended = bool(ids) and ids[-1] in self.spec.stop_ids and c.finish_reason == "stop"
         if ended or len(s.ids) >= g.max_tokens:
             s.done, s.truncated = True, not ended
@@ -249,6 +284,13 @@ class RolloutWorker:
             del self.groups[prompt_id]
             self._send(("group", self._group(prompt_id, g)))
             self.trainer_waiting = False  # the trainer's wait ends with this group
+
+    def _kept(self, c, s: _Sample, n: int) -> tuple:
+        """One piece's kept sets as NumPy int32 arrays (ids, counts): the recorder's records, or vLLM's mask."""
+        from .vllm_kept import from_sampling_mask, take
+
+        sets = take(s.key, n) if self.spec.replay == "recorder" else from_sampling_mask(c.sampling_mask, n)
+        return sets.ids.numpy(), sets.counts.numpy()
 
     def _resume_parked(self) -> None:
         idle = not self.engine.has_unfinished_requests()
@@ -266,6 +308,7 @@ class RolloutWorker:
             [stitch(s.pieces, s.lengths) for s in g.samples],
             [s.truncated for s in g.samples],
             {"pieces": [len(s.pieces) for s in g.samples], "engine_busy_s": self.busy_s},
+            [_joined(s.kept) for s in g.samples] if self.spec.replay != "off" else None,
         )
 
     def _send(self, msg) -> None:
@@ -280,6 +323,11 @@ class RolloutWorker:
             except queue.Full:
                 return
             self.outbox.pop(0)
+
+
+def _joined(pieces: list[tuple]) -> tuple:
+    """A completion's kept sets: its pieces' (ids, counts), concatenated in order."""
+    return np.concatenate([p[0] for p in pieces]), np.concatenate([p[1] for p in pieces])
 
 
 _RPCS = {

@@ -100,6 +100,17 @@ def plan_devices(
     )
 
 
+def plan_rollout(rollout_gpus: str, device_type: str, visible: Sequence[int], local_world_size: int,
+                 async_staleness: int) -> DevicePlan | None:  # fmt: skip
+    """The asynchronous rollout process's devices from the `rollout_gpus` setting ("6,7"; "" off): None on the CPU
+    without them (the shared-memory engine), a `DevicePlan` on CUDA with them, else the refusal of `weight_backend`
+    or `plan_devices`."""
+    ids = parse_gpu_ids(rollout_gpus) if rollout_gpus else ()
+    if weight_backend(device_type, ids) != "nccl":
+        return None
+    return plan_devices(ids, visible, local_world_size, async_staleness=async_staleness, device_type=device_type)
+
+
 def check_rank_uuids(rank_uuids: Sequence[str], rollout_uuids: Sequence[str]) -> None:
     """Refuse a trainer rank whose GPU (by UUID, gathered from every rank) is one of the rollout GPUs.
 

@@ -67,7 +67,7 @@ def kv_cache_bytes(config, model, dtype: str, max_model_len: int) -> int | None:
     return size
 
 
-def _model_runner_v2() -> bool:
+def model_runner_v2() -> bool:
     """Whether vLLM runs Model Runner V2 here: its own rule (VLLM_USE_V2_MODEL_RUNNER when set, else where Triton
     is, so not on its CPU build), less the features that turn it off, which this engine never asks for."""
     from vllm import envs
@@ -92,6 +92,17 @@ def _trainer_state_kept():
     torch.set_num_threads(threads)
 
 
+def engine_replay_blocker(config, recorder: bool, in_process: bool) -> str | None:
+    """Why vLLM cannot give the kept sets here (None: it can): the sampling mask (Model Runner V2) needs top-k; our
+    recorder (`recorder`) keeps its records in the engine core's process, which must be this one when `in_process`
+    (the rollout process of async training runs its engine core in itself)."""
+    if not recorder:
+        return None if config.sampler.top_k is not None else "vLLM's sampling mask needs top_k > 0"
+    if in_process and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        return "vLLM's engine core runs in another process (VLLM_ENABLE_V1_MULTIPROCESSING is not 0)"
+    return None
+
+
 class VLLMEngine(SamplingEngine):
     def __init__(self, model, tokenizer, config):
         super().__init__(model, tokenizer, config)
@@ -104,8 +115,8 @@ class VLLMEngine(SamplingEngine):
         path, self._export = model_dir(config.model, model, tokenizer)  # the tiny model: exported, fast tokenizer
         self.sleep_level = config.vllm_sleep_level if current_platform.is_sleep_mode_available() else 0
         # kept sets: vLLM's sampling mask where Model Runner V2 runs (GPU), else our recorder (a logits processor)
-        self.recorder = not _model_runner_v2()
-        self.replay = resolve_replay(config, self._replay_blocker(config))
+        self.recorder = not model_runner_v2()
+        self.replay = resolve_replay(config, engine_replay_blocker(config, self.recorder, in_process=True))
         # a prompt of max_prompt_length and a completion of max_completion_length (inserted tokens included)
         max_model_len = config.max_prompt_length + config.max_completion_length
         dtype = vllm_dtype(config, model)
@@ -141,14 +152,6 @@ class VLLMEngine(SamplingEngine):
         if not 0 <= lo <= hi <= self.max_new_tokens:
             raise ValueError(f"lengths_of({prompt_id}) = {(hi, lo)}: need 0 <= min <= max <= {self.max_new_tokens}")
         return hi, lo
-
-    def _replay_blocker(self, config) -> str | None:
-        """Why this engine cannot give the kept sets (None: it can)."""
-        if not self.recorder:
-            return None if config.sampler.top_k is not None else "vLLM's sampling mask needs top_k > 0"
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
-            return "vLLM's engine core runs in another process (VLLM_ENABLE_V1_MULTIPROCESSING is not 0)"
-        return None
 
     def generate(self, prompts: list[list[int]], n: int, want_logprobs: bool = False,
                  prompt_ids: list[int] | None = None) -> list[Completion]:  # fmt: skip

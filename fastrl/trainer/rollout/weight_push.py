@@ -1,9 +1,8 @@
-"""Push the trainer's weights to the rollout process with vLLM's trainer-side weight-transfer engines.
+"""Push the trainer's weights to the rollout process on the CPU with the shared-memory engine (`shm_transfer`).
 
-CPU: the shared-memory engine (`shm_transfer`). GPU: vLLM's `nccl` engine (the rollout engine on its own
-GPUs, the trainer as NCCL rank 0); only its import is checked off a GPU. Either way the engine drives the
-rollout process's `start_weight_update` / `update_weights` / `finish_weight_update` through `AsyncRollout`,
-which applies them between two engine steps, then labels the new weights with their policy version.
+The engine drives the rollout process's `start_weight_update` / `update_weights` / `finish_weight_update`
+through `AsyncRollout`, which applies them between two engine steps, the policy version with the weights. On
+GPUs the weights go over vLLM's `nccl` engine instead (`nccl_weights.NcclWeightPush`).
 """
 
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
@@ -33,32 +32,19 @@ class StateSource(WeightSource):
 
 
 class WeightPush:
-    def __init__(self, rollout, model, backend: str = "fastrl_shm", rank: int = 0, nccl: dict | None = None):
-        """`nccl`: master_address, master_port, world_size (1 + the rollout engine's GPUs) for backend "nccl"."""
-        self.rollout, self.backend = rollout, backend
-        if backend == shm_transfer.BACKEND:
-            shm_transfer.register()
-            info = shm_transfer.ShmTrainerInitInfo(rank=rank)
-        elif backend == "nccl":
-            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+    """The model's weights to the rollout process over the shared-memory engine (CPU; `nccl_weights` on GPUs)."""
 
-            if not nccl:
-                raise ValueError("backend='nccl' needs nccl={master_address, master_port, world_size}")
-            info = NCCLTrainerInitInfo(rank=rank, **nccl)
-        else:
-            raise ValueError(f"unknown weight-transfer backend {backend!r}; use {shm_transfer.BACKEND!r} or 'nccl'")
+    def __init__(self, rollout, model, rank: int = 0):
+        self.rollout = rollout
+        shm_transfer.register()
+        info = shm_transfer.ShmTrainerInitInfo(rank=rank)
         self.engine = WeightTransferTrainerFactory.trainer_init(info, client=rollout, source=StateSource(model))
 
     def push(self, version: int) -> None:
         """Send the model's current weights; the rollout engine samples its next tokens as `version`."""
         if version < 0:
             raise ValueError(f"policy version must be >= 0, got {version}")
-        if self.backend == shm_transfer.BACKEND:
-            self.engine.send_weights(version)
-        else:
-            self.engine.send_weights()
-            if self.engine.is_sender:
-                self.rollout.update_weight_version(str(version))
+        self.engine.send_weights(version)
 
     def close(self) -> None:
         self.engine.shutdown()
