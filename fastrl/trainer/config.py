@@ -200,9 +200,12 @@ def _check_async(c: TrainConfig) -> None:
 
 def check_world(c: TrainConfig, world: int) -> None:
     """What the config asks of a launch of `world` ranks, checked at start-up on every rank."""
-    if c.sequence_parallel > 1 and world > c.sequence_parallel:  # data parallel x sequence parallel: not run yet
-        raise ConfigError("sequence_parallel", c.sequence_parallel, f"with data parallel ({world} ranks: more than one "
-                          "sequence group) has not run: launch sequence_parallel ranks exactly")  # fmt: skip
+    if c.fsdp and world < 2:
+        raise ConfigError("fsdp", True, f"shards over the ranks of a torchrun launch; this run has {world} "
+                          "(use torchrun)")  # fmt: skip
+    if world % c.sequence_parallel:
+        raise ConfigError("sequence_parallel", c.sequence_parallel, f"must divide the world size {world} (each "
+                          "sequence group is one data-parallel replica)")  # fmt: skip
 
 
 def replay_blocker(c: TrainConfig) -> str | None:
@@ -212,8 +215,6 @@ def replay_blocker(c: TrainConfig) -> str | None:
         return "nothing is truncated (top_k, top_p and min_p are off): there is no kept set to replay"
     if c.async_staleness >= 0:
         return "the asynchronous rollout process does not send kept sets (async_staleness >= 0)"
-    if c.sequence_parallel > 1:
-        return f"sequence_parallel={c.sequence_parallel} splits the micro-batches the kept sets are laid out for"
     return None
 
 
