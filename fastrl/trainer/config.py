@@ -16,6 +16,8 @@ import json
 import typing
 from dataclasses import dataclass, field
 
+import torch
+
 from fastrl.losses import LossConfig, SamplerSettings
 
 from .sequence_parallel import check_token_local
@@ -75,6 +77,7 @@ class TrainConfig:
     async_staleness: int = -1  # K >= 0: vLLM rollouts in a process of their own, <= K versions stale (-1: off; not HF)
     rollout_chunk_tokens: int = 0  # with async_staleness: partial rollouts of at most N tokens per version (0 = off)
     rollout_timeout_s: float = 600.0  # with async_staleness: the rollout process's start-up and heartbeat limit
+    rollout_gpus: str = ""  # with async_staleness on CUDA: the rollout process's GPU ids, e.g. "6,7" ("" = shared)
     # --- thinking budget and forced lengths (rollouts/thinking.py) ---
     thinking_budget: int = 0  # thinking tokens before the engine closes the span (0 = off); inserted tokens are masked
     think_start: str = "<think>"  # opens the thinking span (in the prompt or in the completion)
@@ -180,10 +183,22 @@ class TrainConfig:
 
 def _check_async(c: TrainConfig) -> None:
     """Asynchronous rollouts: the vLLM engine, K = 0 or at least the optimizer steps of one batch, no thinking
-    budget."""
+    budget; the rollout process's own GPUs (`rollout_gpus`) only with it, on CUDA."""
+    if c.rollout_gpus:
+        from .rollout.devices import parse_gpu_ids
+
+        try:
+            parse_gpu_ids(c.rollout_gpus)
+        except ValueError as e:
+            raise ConfigError("rollout_gpus", c.rollout_gpus, str(e)) from None
+        device = c.device if c.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+        if not device.startswith("cuda"):
+            raise ConfigError("rollout_gpus", c.rollout_gpus, f"places the rollout process on GPUs: it needs a CUDA "
+                              f"trainer, and device={c.device!r} runs on {device}")  # fmt: skip
     if c.async_staleness < 0:
-        if c.rollout_chunk_tokens:
-            raise ConfigError("rollout_chunk_tokens", c.rollout_chunk_tokens, "needs async_staleness >= 0")
+        for name in ("rollout_chunk_tokens", "rollout_gpus"):
+            if getattr(c, name):
+                raise ConfigError(name, getattr(c, name), "needs async_staleness >= 0 (a rollout process of its own)")
         return
     if c.engine != "vllm":
         raise ConfigError("async_staleness", c.async_staleness, f"needs engine='vllm' (the {c.engine!r} engine is "

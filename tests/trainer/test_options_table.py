@@ -28,6 +28,10 @@ OPTIONS = {
     "packing": (dict(packing="on"), ("packing",)),
     "beta": (dict(beta=0.05), ("beta",)),
     "is_cap": (dict(is_cap=2.0), ("is_cap",)),
+    "rollout gpus": (
+        dict(engine="vllm", async_staleness=0, rollout_gpus="1", device="cuda"),
+        ("rollout_gpus", "async_staleness"),
+    ),
 }
 VALUES_OF_ONE = {frozenset(("async K=0", "async K>=1"))}
 
