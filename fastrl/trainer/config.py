@@ -21,6 +21,7 @@ import torch
 from fastrl.losses import LossConfig, SamplerSettings
 
 from .sequence_parallel import check_token_local
+from .trackers import parse_report_to
 from .validate import ConfigError, check_fields, check_value, coerce
 
 # Qwen3's sentence for a thinking span cut by the budget (the closing marker follows it)
@@ -118,7 +119,11 @@ class TrainConfig:
     overwrite: bool = False  # delete the checkpoints and metrics of an earlier run in output_dir, then start
     seed: int = 0  # seeds model init, data order and sampling
     log_entropy: bool = True  # log the policy entropy (one extra no-grad pass over the vocabulary)
-    tensorboard: bool = False  # also write TensorBoard scalars (needs the tensorboard package)
+    report_to: str = "none"  # trackers each metrics.jsonl row also goes to: a comma list of tensorboard, wandb, mlflow
+    tensorboard: bool = False  # adds tensorboard to report_to (writes <output_dir>/tensorboard)
+    run_name: str = ""  # the W&B / MLflow run's name ("" = the tracker picks one)
+    project: str = ""  # the W&B project / MLflow experiment ("" = fastrl)
+    plot: bool = False  # draw <output_dir>/curves.png from metrics.jsonl at the end of the run (tiny preset: on)
     progress: bool = True  # tqdm progress bar
     log_every: int = 10  # without the progress bar: print one line of metrics every N steps (0 = never)
     num_threads: int = 0  # torch CPU threads (0 = torch's default)
@@ -174,6 +179,12 @@ class TrainConfig:
         """`SAMPLER_FIELDS` by name as `SamplerSettings` stores them (None where off): what the loss is given."""
         settings = self.sampler
         return {name: getattr(settings, name) for name in SAMPLER_FIELDS}
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers of `report_to`, and TensorBoard when `tensorboard` (its older spelling) is on."""
+        names = parse_report_to(self.report_to)
+        return names + ("tensorboard",) if self.tensorboard and "tensorboard" not in names else names
 
     @property
     def needs_old_logprobs(self) -> bool:
@@ -260,7 +271,7 @@ PRESETS = {
         model="tiny", dataset="arithmetic:9", warmup_sft_steps=300,
         prompts_per_step=16, group_size=8, max_completion_length=12, rewards=("accuracy:1.0", "format:0.1"),
         lr=5e-4, max_steps=100, save_steps=25, max_tokens_per_microbatch=4096,
-        num_threads=1, device="cpu", output_dir="runs/tiny",
+        num_threads=1, device="cpu", output_dir="runs/tiny", plot=True,
         vllm_kv_cache_gib=0.25,  # with --engine vllm: its CPU KV cache (the default share would be of host RAM)
     ),
     # GPU: a reasoning model on competition math with 32k-token completions and vLLM rollouts

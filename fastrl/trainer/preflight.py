@@ -11,6 +11,7 @@ from fastrl.rewards import WeightedReward, accuracy_reward, combine_rewards, for
 
 from .checkpoint import prepare_output_dir
 from .config import TrainConfig
+from .trackers import check_installed
 from .validate import ConfigError, parse_reward_spec
 
 __all__ = ["build_reward", "preflight", "resolve_reward_spec"]
@@ -89,5 +90,9 @@ def preflight(config: TrainConfig, rewards=None):
     reward = build_reward(config, rewards)
     _check_dataset(config)
     _check_device(config)
+    try:
+        check_installed(config.trackers)
+    except ValueError as e:
+        raise ConfigError("report_to", config.report_to, str(e)) from None
     prepare_output_dir(config.output_dir, resume=config.resume, overwrite=config.overwrite)
     return reward
