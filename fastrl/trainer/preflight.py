@@ -4,6 +4,7 @@ value, raised in seconds instead of after a model download and a warm-up.
 """
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -90,6 +91,8 @@ def preflight(config: TrainConfig, rewards=None):
     reward = build_reward(config, rewards)
     _check_dataset(config)
     _check_device(config)
+    if config.plot and importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("plot", True, "draws curves.png with matplotlib: pip install matplotlib, or pass --no-plot")
     try:
         check_installed(config.trackers)
     except ValueError as e:

@@ -19,6 +19,7 @@ Run it:  fastrl train --preset tiny --output-dir runs/tiny          (CPU, a few 
          torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k --model <hf id>
 """
 
+import os
 import sys
 import time
 
@@ -27,6 +28,7 @@ from .async_source import AsyncSource
 from .build import start_run
 from .config import TrainConfig, config_to_dict
 from .metrics import MetricsLogger, progress_line, read_metrics
+from .plot import plot_runs
 from .preflight import preflight
 from .rollout import check_engine_available
 from .sources import SyncSource
@@ -83,6 +85,8 @@ def train(config: TrainConfig, rewards=None) -> dict:
             source.close()
         report(None)
         logger.close()
+    if config.plot and run.rank == 0:
+        plot_runs([config.output_dir], os.path.join(config.output_dir, "curves.png"))
     if run.own_group:
         dist_utils.cleanup()
     if not record and run.resumed:  # nothing left to do: report the finished run's last step

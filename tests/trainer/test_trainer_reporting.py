@@ -115,3 +115,44 @@ def test_the_loop_logs_each_row_and_closes_the_trackers_on_an_exception(tmp_path
     assert opened == [(("tensorboard",), str(tmp_path), 0, None, "r")]
     assert recorder.rows == [(1, 1)] and recorder.closed
     assert os.path.exists(tmp_path / "metrics.jsonl")
+
+
+@pytest.mark.slow
+def test_the_tiny_run_draws_its_curves(tiny_run):
+    import matplotlib.image
+
+    out, _ = tiny_run
+    assert matplotlib.image.imread(out / "curves.png").ndim == 3  # a PNG, written at the end of the run
+
+
+def test_plot_is_on_for_the_tiny_preset_only():
+    assert make_config("tiny").plot and not make_config().plot and not make_config("math-32k").plot
+    assert not make_config("tiny", plot=False).plot
+
+
+def test_fastrl_plot_draws_a_metrics_jsonl(tmp_path, capsys):
+    import matplotlib.image
+
+    rows = [{"step": s, "reward_correct_mean": s / 4, "loss": 0.5 - s / 10, "entropy_mean": 1.0} for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["plot", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "curves.png")
+    assert matplotlib.image.imread(tmp_path / "curves.png").ndim == 3
+    assert main(["plot", str(tmp_path), str(tmp_path), "--out", str(tmp_path / "two.png")]) == 0
+    assert (tmp_path / "two.png").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["plot", str(tmp_path / "missing")])
+    assert e.value.code == 2 and "has no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_is_refused_before_the_model(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else find_spec(name, *a)
+    )
+    assert main(["train", "--preset", "tiny", "--output-dir", str(tmp_path / "run"), "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--plot" in err or "plot=True" in err, err
+    assert "--no-plot" in err and "matplotlib" in err and not (tmp_path / "run" / "metrics.jsonl").exists()
