@@ -96,6 +96,6 @@ def preflight(config: TrainConfig, rewards=None):
     try:
         check_installed(config.trackers)
     except ValueError as e:
-        raise ConfigError("report_to", config.report_to, str(e)) from None
+        raise ConfigError(None, config.report_to, str(e)) from None  # the message names --report-to and the tracker
     prepare_output_dir(config.output_dir, resume=config.resume, overwrite=config.overwrite)
     return reward

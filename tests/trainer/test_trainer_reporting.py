@@ -4,6 +4,7 @@ its own reader and compared with metrics.jsonl, row by row."""
 
 import json
 import os
+import sys
 
 import pytest
 from test_trackers import _expected
@@ -156,3 +157,14 @@ def test_plot_without_matplotlib_is_refused_before_the_model(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert "--plot" in err or "plot=True" in err, err
     assert "--no-plot" in err and "matplotlib" in err and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_tracker_that_is_not_installed_is_refused_before_the_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    out = tmp_path / "run"
+    args = ["train", "--preset", "tiny", "--output-dir", str(out), "--report-to", "wandb", "--warmup-sft-steps", "0",
+            "--max-steps", "1", "--no-progress"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert 'fastrl: error: --report-to wandb needs the wandb package: pip install "fastrl[wandb]"\n' in err, err
+    assert not (out / "metrics.jsonl").exists()
