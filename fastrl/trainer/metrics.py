@@ -1,4 +1,4 @@
-"""`metrics.jsonl` (one JSON object per optimizer step), optional TensorBoard, and the progress bar.
+"""`metrics.jsonl` (one JSON object per optimizer step), the same rows to the trackers, and the progress line.
 
 On resume the log is cut back to the checkpoint's step: lines of later steps (logged after the checkpoint
 by the run that was killed), duplicates and a torn last line are dropped, so every step appears once.
@@ -44,20 +44,15 @@ def _clean(value):
 
 
 class MetricsLogger:
-    """Appends one line per step to <output_dir>/metrics.jsonl (rank 0 only; other ranks get a no-op)."""
+    """Appends one line per step to <output_dir>/metrics.jsonl and logs the same row to the run's trackers
+    (`trackers.open_trackers`; rank 0 only: other ranks get a no-op)."""
 
-    def __init__(self, output_dir: str, resume_step: int | None, tensorboard: bool = False, enabled: bool = True):
+    def __init__(self, output_dir: str, resume_step: int | None, enabled: bool = True, trackers=None):
         self.enabled = enabled
         self.path = os.path.join(output_dir, "metrics.jsonl")
-        self.writer = None
+        self.trackers = trackers
         if not enabled:
             return
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:
-                raise ValueError("tensorboard=True needs the tensorboard package: pip install tensorboard") from e
-            self.writer = SummaryWriter(os.path.join(output_dir, "tensorboard"))
         os.makedirs(output_dir, exist_ok=True)
         if resume_step is not None:
             truncate_log(self.path, resume_step)
@@ -71,16 +66,15 @@ class MetricsLogger:
         record = {k: _clean(v) for k, v in record.items()}
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()  # in the kernel's page cache: survives a SIGKILL of this process
-        if self.writer is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)) and v is not None:
-                    self.writer.add_scalar(k, v, record["step"])
+        if self.trackers is not None:
+            self.trackers.log(record, record["step"])
 
     def close(self) -> None:
-        if self.enabled:
+        """Close the file and the trackers (once; also after an exception in the loop)."""
+        if self.enabled and not self.file.closed:
             self.file.close()
-            if self.writer is not None:
-                self.writer.close()
+        if self.trackers is not None:
+            self.trackers.close()
 
 
 def read_metrics(output_dir: str) -> list[dict]:

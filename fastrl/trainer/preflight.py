@@ -4,6 +4,7 @@ value, raised in seconds instead of after a model download and a warm-up.
 """
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -11,6 +12,7 @@ from fastrl.rewards import WeightedReward, accuracy_reward, combine_rewards, for
 
 from .checkpoint import prepare_output_dir
 from .config import TrainConfig
+from .trackers import check_installed
 from .validate import ConfigError, parse_reward_spec
 
 __all__ = ["build_reward", "preflight", "resolve_reward_spec"]
@@ -89,5 +91,11 @@ def preflight(config: TrainConfig, rewards=None):
     reward = build_reward(config, rewards)
     _check_dataset(config)
     _check_device(config)
+    if config.plot and importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("plot", True, "draws curves.png with matplotlib: pip install matplotlib, or pass --no-plot")
+    try:
+        check_installed(config.trackers)
+    except ValueError as e:
+        raise ConfigError(None, config.report_to, str(e)) from None  # the message names --report-to and the tracker
     prepare_output_dir(config.output_dir, resume=config.resume, overwrite=config.overwrite)
     return reward

@@ -54,6 +54,12 @@ def parse_report_to(value: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def check_installed(names: tuple[str, ...]) -> None:
+    """Import each tracker's package now (before a model is built); a missing one is a ValueError naming its extra."""
+    for name in names:
+        _import(name)
+
+
 def mlflow_name(name: str) -> str:
     """A metric name as MLflow accepts it: `@` -> `_at_`."""
     return name.replace("@", "_at_")

@@ -8,7 +8,8 @@ Algorithm (DeepSeekMath / R1 GRPO), per rollout batch:
      policy's log-probs once; with beta > 0, the frozen reference model's log-probs;
   5. per optimizer step: token-budget micro-batches, the fused clipped-surrogate loss with the GLOBAL
      normalizer (docs/math.md §2-3), gradients summed over ranks, clipping, AdamW, LR schedule;
-  6. push the new weights to the rollout engine (vLLM), log, checkpoint.
+  6. push the new weights to the rollout engine (vLLM), log (metrics.jsonl and the `--report-to` trackers),
+     checkpoint; after the last step, `<output_dir>/curves.png` with `--plot`.
 
 Where a batch's samples come from is a batch source (`sources.py`): this process's engine (steps 1-4), or with
 `--async-staleness K` a rollout process of its own (`async_source.py`, docs/math.md §10). The loop below is the
@@ -19,18 +20,21 @@ Run it:  fastrl train --preset tiny --output-dir runs/tiny          (CPU, a few 
          torchrun --nproc-per-node 8 -m fastrl.trainer train --preset math-32k --model <hf id>
 """
 
+import os
 import sys
 import time
 
 from . import distributed as dist_utils
 from .async_source import AsyncSource
 from .build import start_run
-from .config import TrainConfig
+from .config import TrainConfig, config_to_dict
 from .metrics import MetricsLogger, progress_line, read_metrics
+from .plot import plot_runs
 from .preflight import preflight
 from .rollout import check_engine_available
 from .sources import SyncSource
 from .stages import minibatches, optimizer_step, save_run, should_save, step_record
+from .trackers import open_trackers
 
 
 def train(config: TrainConfig, rewards=None) -> dict:
@@ -44,18 +48,20 @@ def train(config: TrainConfig, rewards=None) -> dict:
     check_engine_available(config.engine)
     reward = preflight(config, rewards)
     run = start_run(config)
-    logger = MetricsLogger(config.output_dir, run.step if run.resumed else None, config.tensorboard,
-                           enabled=run.rank == 0)  # fmt: skip
-    report = _reporter(config, run.step, run.rank == 0)
     if run.step >= config.max_steps and run.rank == 0:
         print(f"fastrl: {config.output_dir} already finished at step {run.step} (max_steps={config.max_steps})",
               file=sys.stderr, flush=True)  # fmt: skip
     per_batch = config.ppo_epochs * config.minibatches
-    t_run, record = time.time(), {}
-    source = None
-    if run.step < config.max_steps:  # rollouts in a process of their own with async_staleness set, else here
-        source = (AsyncSource if config.async_staleness >= 0 else SyncSource)(run, config, reward)
+    resume_step = run.step if run.resumed else None
+    trackers = open_trackers(config.trackers, config.output_dir, rank=run.rank, run_name=config.run_name or None,
+                             project=config.project or None, resume_step=resume_step,
+                             config=config_to_dict(config))  # fmt: skip
+    logger = MetricsLogger(config.output_dir, resume_step, enabled=run.rank == 0, trackers=trackers)
+    report = _reporter(config, run.step, run.rank == 0)
+    t_run, record, source = time.time(), {}, None
     try:
+        if run.step < config.max_steps:  # rollouts in a process of their own with async_staleness set, else here
+            source = (AsyncSource if config.async_staleness >= 0 else SyncSource)(run, config, reward)
         while run.step < config.max_steps:
             t0 = time.time()
             batch = source.next_batch(run.step)
@@ -79,7 +85,9 @@ def train(config: TrainConfig, rewards=None) -> dict:
         if source is not None:
             source.close()
         report(None)
-    logger.close()
+        logger.close()
+    if config.plot and run.rank == 0:
+        plot_runs([config.output_dir], os.path.join(config.output_dir, "curves.png"))
     if run.own_group:
         dist_utils.cleanup()
     if not record and run.resumed:  # nothing left to do: report the finished run's last step

@@ -13,6 +13,8 @@ import typing
 
 from fastrl.kernels.logprobs.params import MIN_TEMPERATURE  # the log-prob op's floor (float32 logits)
 
+from .trackers import TRACKERS, parse_report_to
+
 __all__ = ["ConfigError", "MIN_TEMPERATURE", "RULES", "check_fields", "check_value", "coerce", "parse_reward_spec"]
 
 BUILTIN_REWARDS = ("accuracy", "format")  # names of `config.rewards`; anything else is module:function
@@ -149,6 +151,14 @@ def parse_reward_spec(spec) -> tuple[str, str | None, float]:
     return module, function, weight
 
 
+def _report_to(value: str) -> bool:
+    try:
+        parse_report_to(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _rewards(specs) -> bool:
     for spec in specs:
         parse_reward_spec(spec)
@@ -203,6 +213,7 @@ RULES = {
     "save_steps": _at_least(0),
     "keep_checkpoints": _at_least(0),
     "seed": _at_least(0),
+    "report_to": (_report_to, f"must be none or a comma list of {', '.join(TRACKERS)}, each once"),
     "log_every": _at_least(0),
     "num_threads": _at_least(0),
     "device": (_device, f"must be one of {', '.join(DEVICES)} or cuda:<index>"),

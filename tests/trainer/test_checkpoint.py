@@ -100,16 +100,3 @@ def test_sigkill_then_resume_logs_every_step_once(tmp_path):
     for got, want in zip(rows, read_metrics(str(ref))):
         for key in ("entropy_mean", "response_length_mean", "reward_mean", "loss"):
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (got["step"], key)
-
-
-def test_tensorboard_option(tmp_path, monkeypatch):
-    """tensorboard is a test dependency (the `test` extra): a missing package fails here, never skips. Without it
-    (simulated) the option is refused by name."""
-    log = MetricsLogger(str(tmp_path), resume_step=None, tensorboard=True)
-    log.log({"step": 1, "loss": 0.5})
-    log.close()
-    assert any(n.startswith("events.") for n in os.listdir(tmp_path / "tensorboard"))
-    monkeypatch.setitem(sys.modules, "tensorboard", None)
-    monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
-    with pytest.raises(ValueError, match="pip install tensorboard"):
-        MetricsLogger(str(tmp_path / "none"), resume_step=None, tensorboard=True)

@@ -28,6 +28,10 @@ OPTIONS = {
     "packing": (dict(packing="on"), ("packing",)),
     "beta": (dict(beta=0.05), ("beta",)),
     "is_cap": (dict(is_cap=2.0), ("is_cap",)),
+    "rollout gpus": (
+        dict(engine="vllm", async_staleness=0, rollout_gpus="1", device="cuda"),
+        ("rollout_gpus", "async_staleness"),
+    ),
 }
 VALUES_OF_ONE = {frozenset(("async K=0", "async K>=1"))}
 
@@ -73,3 +77,11 @@ def test_the_table_and_the_validator_agree(row):
         path, _, name = where.partition("::")
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             assert re.search(rf"^def {re.escape(name)}\(", f.read(), re.M), where
+
+
+def test_check_world_refuses_a_world_the_config_cannot_split():
+    check_world(make_config("tiny", sequence_parallel=2), 4)  # two replicas of two ranks each
+    with pytest.raises(ConfigError, match=r"sequence_parallel.*3.*world size 4"):
+        check_world(make_config("tiny", sequence_parallel=3), 4)
+    with pytest.raises(ConfigError, match=r"fsdp.*1"):
+        check_world(make_config("tiny", fsdp=True), 1)
