@@ -300,39 +300,47 @@ class VerifierPool:
                 next_deadline = min((d for _, d in busy.values()), default=startup_deadline)
                 conns = [w.conn for w in busy] + [w.conn for w in starting]
                 readable = set(wait(conns, timeout=max(0.0, next_deadline - time.monotonic())))
-                for worker in list(busy):
-                    i, deadline = busy[worker]
-                    if worker.conn in readable:
-                        try:
-                            results[i] = bool(worker.conn.recv())
-                            del busy[worker]
-                            ready.append(worker)
-                            continue
-                        except (EOFError, OSError):
-                            pass  # the worker died (out of memory, crashed): replace it
-                    elif time.monotonic() < deadline:
-                        continue
-                    del busy[worker]
-                    results[i] = False
-                    if pending:
-                        starting.append(self._replace(worker))
-                        startup_deadline = time.monotonic() + _STARTUP_TIMEOUT
-                    else:
-                        self._replace_in_background(worker)  # the call returns now, not after a fork
-                for worker in [w for w in starting if w.conn in readable]:
-                    starting.remove(worker)
-                    try:
-                        worker.take_ready()
-                        ready.append(worker)
-                    except (EOFError, OSError, RuntimeError):
-                        worker.kill()  # a worker that cannot start is dropped, not restarted in a loop
-                        self._forget()
+                if self._take_messages(readable, results, pending, ready, starting, busy):
+                    startup_deadline = time.monotonic() + _STARTUP_TIMEOUT
         finally:
             for worker in busy:
                 starting.append(self._replace(worker))  # interrupted mid-check: its reply would be stale
             for worker in ready + starting:
                 self._release(worker)
         return results
+
+    def _take_messages(self, readable, results, pending, ready, starting, busy) -> bool:
+        """Act on the workers in `readable`: record replies, swap out the dead and the late (their pair is False),
+        move started ones to `ready`. True when a replacement started for pairs still pending."""
+        replaced = False
+        for worker in list(busy):
+            i, deadline = busy[worker]
+            if worker.conn in readable:
+                try:
+                    results[i] = bool(worker.conn.recv())
+                    del busy[worker]
+                    ready.append(worker)
+                    continue
+                except (EOFError, OSError):
+                    pass  # the worker died (out of memory, crashed): replace it
+            elif time.monotonic() < deadline:
+                continue
+            del busy[worker]
+            results[i] = False
+            if pending:
+                starting.append(self._replace(worker))
+                replaced = True
+            else:
+                self._replace_in_background(worker)  # the call returns now, not after a fork
+        for worker in [w for w in starting if w.conn in readable]:
+            starting.remove(worker)
+            try:
+                worker.take_ready()
+                ready.append(worker)
+            except (EOFError, OSError, RuntimeError):
+                worker.kill()  # a worker that cannot start is dropped, not restarted in a loop
+                self._forget()
+        return replaced
 
     def close(self) -> None:
         """Kill every worker; borrowed ones are killed when their call returns. Idempotent."""

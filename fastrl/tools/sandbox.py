@@ -239,8 +239,29 @@ def _run_once(command: list[str], payload: bytes, timeout_s: float, unsafe: bool
     info_read, info_write = os.pipe()  # bwrap writes {"child-pid": N} here: the PID namespace's init
     if not unsafe:
         command = [command[0], "--info-fd", str(info_write), *command[1:]]
+    process = _launch(command, info_read, info_write)
+    info = open(info_read, "rb")
+    deadline = time.monotonic() + timeout_s
+    kept = {process.stdout: bytearray(), process.stderr: bytearray()}
+    dropped = {process.stdout: 0, process.stderr: 0}
     try:
-        process = subprocess.Popen(
+        status = _collect(process, info, payload, deadline, kept, dropped)
+    finally:
+        _kill(process, unsafe, kept.get(info, b""))
+        info.close()
+    output = _text(kept[process.stdout], dropped[process.stdout]) + _text(kept[process.stderr], dropped[process.stderr])
+    if status == "timeout":
+        output += f"\n[timed out after {timeout_s:g} s]"
+    elif _printed(process, kept, dropped) > _KILL_BYTES:
+        output += f"\n[killed: printed more than {_KILL_BYTES >> 20} MiB]"
+    return ToolResult(output=output, status=status)
+
+
+def _launch(command: list[str], info_read: int, info_write: int) -> subprocess.Popen:
+    """Start the launcher with an empty environment in its own session; the write end of the info pipe is
+    closed here either way, the read end too when the start fails."""
+    try:
+        return subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -255,53 +276,45 @@ def _run_once(command: list[str], payload: bytes, timeout_s: float, unsafe: bool
         raise
     finally:
         os.close(info_write)
-    info = open(info_read, "rb")
-    deadline = time.monotonic() + timeout_s
-    kept = {process.stdout: bytearray(), process.stderr: bytearray()}
-    dropped = {process.stdout: 0, process.stderr: 0}
-    status = None
+
+
+def _collect(process: subprocess.Popen, info, payload: bytes, deadline: float, kept: dict, dropped: dict) -> str:
+    """Feed `payload`, read stdout and stderr (up to _KEEP_BYTES each, counting the rest in `dropped`) and
+    the info pipe into `kept` until the streams close, then wait for the exit: "ok", "error" or "timeout"."""
     try:
-        try:
-            process.stdin.write(payload)
-            process.stdin.close()
-        except BrokenPipeError:
-            pass  # the launcher died first; its exit status says so
-        with selectors.DefaultSelector() as selector:
-            for stream in (*kept, info):
-                selector.register(stream, selectors.EVENT_READ)
-            while len(selector.get_map()) > (info.fileno() in selector.get_map()):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    status = "timeout"
-                    break
-                for key, _ in selector.select(remaining):
-                    chunk = os.read(key.fd, 65536)
-                    if not chunk:
-                        selector.unregister(key.fileobj)
-                    elif key.fileobj is info:
-                        kept.setdefault(info, bytearray()).extend(chunk)
-                    else:
-                        room = _KEEP_BYTES - len(kept[key.fileobj])
-                        kept[key.fileobj] += chunk[:room]
-                        dropped[key.fileobj] += max(0, len(chunk) - room)
-                if sum(dropped.values()) + len(kept[process.stdout]) + len(kept[process.stderr]) > _KILL_BYTES:
-                    status = "error"
-                    break
-        if status is None:
-            try:
-                code = process.wait(max(0.0, deadline - time.monotonic()))
-                status = "ok" if code == 0 else "timeout" if code in _CPU_LIMIT_CODES else "error"
-            except subprocess.TimeoutExpired:
-                status = "timeout"
-    finally:
-        _kill(process, unsafe, kept.get(info, b""))
-        info.close()
-    output = _text(kept[process.stdout], dropped[process.stdout]) + _text(kept[process.stderr], dropped[process.stderr])
-    if status == "timeout":
-        output += f"\n[timed out after {timeout_s:g} s]"
-    elif sum(dropped.values()) + len(kept[process.stdout]) + len(kept[process.stderr]) > _KILL_BYTES:
-        output += f"\n[killed: printed more than {_KILL_BYTES >> 20} MiB]"
-    return ToolResult(output=output, status=status)
+        process.stdin.write(payload)
+        process.stdin.close()
+    except BrokenPipeError:
+        pass  # the launcher died first; its exit status says so
+    with selectors.DefaultSelector() as selector:
+        for stream in (*kept, info):
+            selector.register(stream, selectors.EVENT_READ)
+        while len(selector.get_map()) > (info.fileno() in selector.get_map()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            for key, _ in selector.select(remaining):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                elif key.fileobj is info:
+                    kept.setdefault(info, bytearray()).extend(chunk)
+                else:
+                    room = _KEEP_BYTES - len(kept[key.fileobj])
+                    kept[key.fileobj] += chunk[:room]
+                    dropped[key.fileobj] += max(0, len(chunk) - room)
+            if _printed(process, kept, dropped) > _KILL_BYTES:
+                return "error"
+    try:
+        code = process.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    return "ok" if code == 0 else "timeout" if code in _CPU_LIMIT_CODES else "error"
+
+
+def _printed(process: subprocess.Popen, kept: dict, dropped: dict) -> int:
+    """Bytes the program wrote to stdout and stderr, kept or not."""
+    return sum(dropped.values()) + len(kept[process.stdout]) + len(kept[process.stderr])
 
 
 # bwrap exits 128 + the signal that ended its child; SIGXCPU (soft) and SIGKILL (hard) mark the CPU-time limit.

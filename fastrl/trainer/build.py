@@ -123,25 +123,9 @@ def start_run(config: TrainConfig) -> Run:
         torch.set_num_threads(config.num_threads)
     device = resolve_device(config.device)
     own_group = dist_utils.init_from_env(device.type)
-    rank, world = dist_utils.rank(), dist_utils.world_size()
-    check_world(config, world)
-    sp = init_sequence_parallel(config.sequence_parallel)  # a sequence group is one data-parallel replica
-    if (config.prompts_per_step // sp.dp_size) % config.minibatches or config.prompts_per_step % sp.dp_size:
-        raise ValueError(
-            f"prompts_per_step={config.prompts_per_step} must split evenly over {sp.dp_size} data-parallel "
-            f"replicas ({world} ranks / sequence_parallel={sp.size}) and then into minibatches={config.minibatches}"
-        )
-    # the data before the model: a dataset that does not load must not cost a model download first
-    try:
-        problems = load_problems(
-            config.dataset,
-            config.seed,
-            split=config.dataset_split,
-            prompt_key=config.prompt_key,
-            answer_key=config.answer_key,
-        )
-    except (OSError, ValueError) as e:  # a missing key or column, an unknown HF dataset, no network
-        raise ConfigError("dataset", config.dataset, f"cannot be loaded: {str(e).splitlines()[0]}") from e
+    rank = dist_utils.rank()
+    sp = _split_the_world(config)
+    problems = _load_data(config)  # the data before the model: a dataset that does not load costs no download
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     model, tokenizer = build_model(config, device)
@@ -150,16 +134,61 @@ def start_run(config: TrainConfig) -> Run:
     if sp.size > 1:
         heads = model.config.num_attention_heads
         check_heads(heads, getattr(model.config, "num_key_value_heads", None) or heads, sp.size)
+    resuming = _resuming(config)
+    if config.warmup_sft_steps and not resuming:
+        loss = sft_warmup(model, tokenizer, problems, config, packed, progress=config.progress and rank == 0)
+        if not config.progress and config.log_every and rank == 0:
+            print(f"sft warm-up: {config.warmup_sft_steps} steps, last loss {loss:.4f}", file=sys.stderr, flush=True)
+    model, ref_model = _policy_and_reference(model, config, device)
+    optimizer = make_adamw(model.parameters(), config.lr, config.weight_decay, (0.9, config.adam_beta2))
+    settings = StepSettings.from_config(config, packed, tokenizer.pad_token_id, sp if sp.size > 1 else None)
+    run = Run(model, tokenizer, ref_model, optimizer, make_scheduler(optimizer, config),
+              PromptStream(problems, config.seed), packed, rank, own_group, settings, sp)  # fmt: skip
+    if not (resuming and _restore(run, config)):
+        # replicas sample differently; the ranks of a sequence group alike (they split the same rollouts)
+        torch.manual_seed(config.seed * 7919 + sp.dp_rank)
+    return run
+
+
+def _split_the_world(config: TrainConfig) -> SequenceParallel:
+    """The sequence-parallel groups, once the prompts of a step split evenly over the data-parallel replicas."""
+    world = dist_utils.world_size()
+    check_world(config, world)
+    sp = init_sequence_parallel(config.sequence_parallel)  # a sequence group is one data-parallel replica
+    if (config.prompts_per_step // sp.dp_size) % config.minibatches or config.prompts_per_step % sp.dp_size:
+        raise ValueError(
+            f"prompts_per_step={config.prompts_per_step} must split evenly over {sp.dp_size} data-parallel "
+            f"replicas ({world} ranks / sequence_parallel={sp.size}) and then into minibatches={config.minibatches}"
+        )
+    return sp
+
+
+def _load_data(config: TrainConfig) -> list:
+    try:
+        return load_problems(
+            config.dataset,
+            config.seed,
+            split=config.dataset_split,
+            prompt_key=config.prompt_key,
+            answer_key=config.answer_key,
+        )
+    except (OSError, ValueError) as e:  # a missing key or column, an unknown HF dataset, no network
+        raise ConfigError("dataset", config.dataset, f"cannot be loaded: {str(e).splitlines()[0]}") from e
+
+
+def _resuming(config: TrainConfig) -> bool:
+    """Whether the run resumes; a checkpoint must be resumed the way it was written (sharded or not)."""
     resuming = config.resume and bool(list_checkpoints(config.output_dir))
     if resuming and is_sharded_checkpoint(latest_checkpoint(config.output_dir)) != config.fsdp:
         kind = "without" if config.fsdp else "with"
         raise ValueError(
             f"{latest_checkpoint(config.output_dir)} was written {kind} --fsdp: resume it the way it was written"
         )
-    if config.warmup_sft_steps and not resuming:
-        loss = sft_warmup(model, tokenizer, problems, config, packed, progress=config.progress and rank == 0)
-        if not config.progress and config.log_every and rank == 0:
-            print(f"sft warm-up: {config.warmup_sft_steps} steps, last loss {loss:.4f}", file=sys.stderr, flush=True)
+    return resuming
+
+
+def _policy_and_reference(model, config: TrainConfig, device: torch.device):
+    """The policy and the frozen reference (None without a KL term), each sharded under --fsdp."""
     ref_model = None
     if config.loss.beta > 0:  # the policy as GRPO starts (after any warm-up); frozen
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
@@ -167,22 +196,22 @@ def start_run(config: TrainConfig) -> Run:
         param_dtype = torch.bfloat16 if config.bf16 and device.type == "cuda" else None
         model = shard_model(model, param_dtype=param_dtype)
         ref_model = None if ref_model is None else shard_model(ref_model, param_dtype=param_dtype)
-    optimizer = make_adamw(model.parameters(), config.lr, config.weight_decay, (0.9, config.adam_beta2))
-    settings = StepSettings.from_config(config, packed, tokenizer.pad_token_id, sp if sp.size > 1 else None)
-    run = Run(model, tokenizer, ref_model, optimizer, make_scheduler(optimizer, config),
-              PromptStream(problems, config.seed), packed, rank, own_group, settings, sp)  # fmt: skip
-    state = None
-    if resuming and config.fsdp:
-        state = load_sharded(latest_checkpoint(config.output_dir), model, optimizer, run.scheduler, ref_model)
-    elif resuming:
-        _, state = resume_checkpoint(config.output_dir, model, optimizer, run.scheduler)
+    return model, ref_model
+
+
+def _restore(run: Run, config: TrainConfig) -> bool:
+    """Load the latest checkpoint into `run` (weights, optimizer, scheduler, step, data position); False if none."""
+    if config.fsdp:
+        state = load_sharded(
+            latest_checkpoint(config.output_dir), run.model, run.optimizer, run.scheduler, run.ref_model
+        )
+    else:
+        _, state = resume_checkpoint(config.output_dir, run.model, run.optimizer, run.scheduler)
     if state is None:
-        # replicas sample differently; the ranks of a sequence group alike (they split the same rollouts)
-        torch.manual_seed(config.seed * 7919 + sp.dp_rank)
-        return run
+        return False
     run.resumed, run.step, run.stream.position = True, state["step"], state["data_position"]
     run.elapsed_before = state.get("elapsed_s", 0.0)
     run.async_state = state.get("async_state")
-    if ref_model is not None and "ref_model" in state:  # replicated runs (sharded ones restored it above)
-        ref_model.load_state_dict(state["ref_model"])
-    return run
+    if run.ref_model is not None and "ref_model" in state:  # replicated runs (sharded ones restored it above)
+        run.ref_model.load_state_dict(state["ref_model"])
+    return True
