@@ -3,7 +3,8 @@
 `trainer.py` is the loop over a batch source (`sources.py`, `async_source.py`); `build.py` (setting up) and
 `stages.py` (one iteration) are its steps. Every module:
 
-    config.py              TrainConfig (frozen) holding a fastrl.LossConfig; presets; YAML / JSON files
+    config.py              TrainConfig (frozen) holding a fastrl.LossConfig
+    presets.py             the named presets (--preset) and YAML / JSON config files
     validate.py            per-field checks and ConfigError (the field and value that are wrong)
     preflight.py           checks and reward resolution before anything is built
     cli.py, __main__.py    `fastrl train ...` / `python -m fastrl.trainer train ...`
@@ -35,6 +36,8 @@
     trackers.py            --report-to: TensorBoard, W&B, MLflow (rank 0 only, imported when asked for, resumable)
     eval_metrics.py        held-out evaluation metrics: unbiased pass@k, mean@k, maj@k; eval/step-N.jsonl
     eval_sets.py           held-out arithmetic problems the training stream never draws
+    eval_options.py        the eval options: eval sets by name, their checks at config time, when an eval is due
+    evaluation.py          evaluation during training: loading the sets, sampling without gradient, gathering to rank 0
     plot.py                `fastrl plot`: a run's curves (or several runs' overlaid) as one PNG
     build.py               start_run: device, process group, model, data, warm-up, reference, optimizer, resume
     warmup.py              the supervised warm-up (warmup_sft_steps) on the tiny task's demonstrations

@@ -1,4 +1,4 @@
-"""The trainer's one configuration object, its presets, and loading from YAML/JSON files and CLI flags.
+"""The trainer's one configuration object, built from its presets (`presets.py`), YAML/JSON files and CLI flags.
 
 Precedence: dataclass defaults < preset < config file < command-line flags.
 
@@ -12,7 +12,6 @@ into their own numbers at their call: `SamplerSettings.engine_kwargs`).
 """
 
 import dataclasses
-import json
 import typing
 from dataclasses import dataclass, field
 
@@ -20,6 +19,8 @@ import torch
 
 from fastrl.losses import LossConfig, SamplerSettings
 
+from .eval_options import check_eval_options
+from .presets import PRESETS, read_config_file
 from .sequence_parallel import check_token_local
 from .trackers import parse_report_to
 from .validate import ConfigError, check_fields, check_value, coerce
@@ -110,6 +111,14 @@ class TrainConfig:
     max_grad_norm: float = 1.0  # gradient clipping (0 = off)
     lr_schedule: str = "constant"  # constant / cosine / linear decay after warm-up
     lr_warmup_steps: int = 0  # linear LR warm-up, in optimizer steps
+    # --- evaluation during training (eval_options.py; docs/trainer.md) ---
+    eval_dataset: str = ""  # eval sets, comma-separated [name=]source: as dataset, or arithmetic-heldout:<N> / -trained
+    eval_dataset_split: str = "test"  # split of a HF eval dataset
+    eval_every: int = 0  # evaluate every N optimizer steps and after the last one (0 = off)
+    eval_before_train: bool = False  # also evaluate the starting policy (a step-0 row)
+    eval_samples: int = 1  # k: completions per eval problem (pass@k and maj@k for k = 1, 2, 4, ... <= k)
+    eval_temperature: float | None = None  # 0 = greedy (None: greedy at eval_samples 1, else temperature)
+    eval_max_problems: int = 0  # evaluate the first N problems of each eval set (0 = all)
     # --- run control ---
     output_dir: str = "runs/default"  # metrics.jsonl, checkpoints/ and tensorboard/ go here
     max_steps: int = 100  # optimizer steps
@@ -151,6 +160,7 @@ class TrainConfig:
             except ValueError as e:
                 raise ConfigError("sequence_parallel", self.sequence_parallel, str(e)) from None
         _check_async(self)
+        check_eval_options(self)
         if self.sampler_replay == "on" and (reason := replay_blocker(self)) is not None:
             raise ConfigError("sampler_replay", "on", reason)
         if self.resume and self.overwrite:
@@ -260,64 +270,6 @@ _LOSS_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LossConfig)}
 _LOSS_SAMPLER = LossConfig().sampler
 # the loss knobs a file or flag sets directly, in LossConfig's order (the sampler's and its length are the trainer's)
 LOSS_KNOBS = tuple(name for name in _LOSS_DEFAULTS if name not in (*SAMPLER_FIELDS, "max_completion_length"))
-
-
-# fmt: off
-PRESETS = {
-    # CPU, built-in model and task; learns visibly in a few minutes on 2 cores (docs/trainer.md).
-    "tiny": dict(
-        model="tiny", dataset="arithmetic:9", warmup_sft_steps=300,
-        prompts_per_step=16, group_size=8, max_completion_length=12, rewards=("accuracy:1.0", "format:0.1"),
-        lr=5e-4, max_steps=100, save_steps=25, max_tokens_per_microbatch=4096,
-        num_threads=1, device="cpu", output_dir="runs/tiny", plot=True,
-        vllm_kv_cache_gib=0.25,  # with --engine vllm: its CPU KV cache (the default share would be of host RAM)
-    ),
-    # GPU: a reasoning model on competition math with 32k-token completions and vLLM rollouts
-    # (DeepScaleR's setup). The R1-distilled chat template opens the <think> block in the prompt, so the
-    # completions never contain "<think>" and the format reward would be a constant: accuracy only.
-    "math-32k": dict(
-        model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
-        dataset="agentica-org/DeepScaleR-Preview-Dataset",
-        prompt_key="problem",
-        answer_key="answer",
-        prompt_template="{prompt}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
-        chat_template=True,
-        engine="auto", prompts_per_step=32, group_size=8, max_prompt_length=1024, max_completion_length=32768,
-        rewards=("accuracy:1.0",), overlong_buffer=4096,
-        loss_agg="token-mean", eps_high=0.28,
-        max_tokens_per_microbatch=65536, gradient_checkpointing=True,
-        lr=1e-6, lr_warmup_steps=10, max_grad_norm=1.0, max_steps=500, save_steps=25,
-        output_dir="runs/math-32k",
-    ),
-}
-# fmt: on
-
-
-def read_config_file(file: str) -> dict:
-    """The mapping of config fields in a YAML or JSON file; ConfigError naming the file otherwise."""
-    try:
-        with open(file, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError("config", file, f"cannot be read: {e.strerror or e}") from None
-    try:
-        if file.endswith((".yaml", ".yml")):
-            import yaml
-
-            loaded = yaml.safe_load(text)
-        else:
-            loaded = json.loads(text)
-    except Exception as e:  # yaml.YAMLError / json.JSONDecodeError: say where, in one line
-        where = getattr(e, "problem_mark", None)
-        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError("config", file, f"is not valid {'YAML' if file.endswith(('yaml', 'yml')) else 'JSON'}"
-                          f"{at}: {problem}") from None  # fmt: skip
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError("config", file, f"must hold a mapping of config fields, got a {type(loaded).__name__}")
-    return {str(k).replace("-", "_"): v for k, v in loaded.items()}
 
 
 def make_config(preset: str | None = None, file: str | None = None, **overrides) -> TrainConfig:

@@ -28,6 +28,8 @@ from . import distributed as dist_utils
 from .async_source import AsyncSource
 from .build import start_run
 from .config import TrainConfig, config_to_dict
+from .eval_options import eval_due
+from .evaluation import Evaluator, load_eval_sets
 from .metrics import MetricsLogger, progress_line, read_metrics
 from .plot import plot_runs
 from .preflight import preflight
@@ -47,6 +49,7 @@ def train(config: TrainConfig, rewards=None) -> dict:
     t_start = time.time()
     check_engine_available(config.engine)
     reward = preflight(config, rewards)
+    eval_sets = load_eval_sets(config)  # before the model: a set that does not load costs no warm-up
     run = start_run(config)
     if run.step >= config.max_steps and run.rank == 0:
         print(f"fastrl: {config.output_dir} already finished at step {run.step} (max_steps={config.max_steps})",
@@ -58,10 +61,14 @@ def train(config: TrainConfig, rewards=None) -> dict:
                              config=config_to_dict(config))  # fmt: skip
     logger = MetricsLogger(config.output_dir, resume_step, enabled=run.rank == 0, trackers=trackers)
     report = _reporter(config, run.step, run.rank == 0)
-    t_run, record, source = time.time(), {}, None
+    t_run, record, source, evaluator = time.time(), {}, None, None
     try:
         if run.step < config.max_steps:  # rollouts in a process of their own with async_staleness set, else here
             source = (AsyncSource if config.async_staleness >= 0 else SyncSource)(run, config, reward)
+            if eval_sets:  # the synchronous vLLM engine samples the eval too; else HF generate on run.model
+                evaluator = Evaluator(config, reward, eval_sets, run, getattr(source, "engine", None))
+        if evaluator is not None and run.step == 0 and eval_due(0, config):
+            logger.log({"step": 0, **evaluator.evaluate(run, 0), "elapsed_s": time.time() - t_run})
         while run.step < config.max_steps:
             t0 = time.time()
             batch = source.next_batch(run.step)
@@ -74,6 +81,8 @@ def train(config: TrainConfig, rewards=None) -> dict:
                 step_s = time.time() - t0
                 record = step_record(run.step, batch.rollout, update, batch.rollout_s, step_s)
                 record.update(source.fields(batch, version, step_s))
+                if evaluator is not None and eval_due(run.step, config):
+                    record.update(evaluator.evaluate(run, run.step))
                 record["elapsed_s"] = run.elapsed_before + time.time() - t_run
                 logger.log(record)
                 report(record)
