@@ -33,6 +33,7 @@ from .config import TrainConfig
 from .eval_metrics import ProblemResult, eval_metrics, vote_key, write_eval_results
 from .eval_options import EvalSet, eval_temperature, parse_eval_sets
 from .eval_sets import held_out_arithmetic, trained_arithmetic, training_prompts
+from .fsdp import is_sharded
 from .rollout import Completion, HFEngine, build_prompt
 from .tasks import Problem, load_problems
 from .validate import ConfigError
@@ -129,7 +130,9 @@ class Evaluator:
             for name, problems in self.sets.items():
                 t0 = time.time()
                 mine = [(i, p) for i, p in enumerate(problems) if i % world == rank]
-                gathered = _gather(self._results(run, step, mine))
+                # sharded weights: every rank runs as many generate calls as the others (each gathers the layers)
+                fill = -(-len(problems) // world) - len(mine) if is_sharded(run.model) else 0
+                gathered = _gather(self._results(run, step, mine + [(-1, problems[0])] * fill)[: len(mine)])
                 if rank == 0:
                     results[name] = sorted(gathered, key=lambda r: int(r.problem_id))
                     metrics.update(eval_metrics(results[name], time.time() - t0, name))

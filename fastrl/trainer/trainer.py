@@ -8,8 +8,9 @@ Algorithm (DeepSeekMath / R1 GRPO), per rollout batch:
      policy's log-probs once; with beta > 0, the frozen reference model's log-probs;
   5. per optimizer step: token-budget micro-batches, the fused clipped-surrogate loss with the GLOBAL
      normalizer (docs/math.md §2-3), gradients summed over ranks, clipping, AdamW, LR schedule;
-  6. push the new weights to the rollout engine (vLLM), log (metrics.jsonl and the `--report-to` trackers),
-     checkpoint; after the last step, `<output_dir>/curves.png` with `--plot`.
+  6. push the new weights to the rollout engine (vLLM); every `eval_every` steps evaluate the new weights on the
+     eval sets (`evaluation.py`: no gradient, every generator restored), on the same row; log (metrics.jsonl and
+     the `--report-to` trackers), checkpoint; after the last step, `<output_dir>/curves.png` with `--plot`.
 
 Where a batch's samples come from is a batch source (`sources.py`): this process's engine (steps 1-4), or with
 `--async-staleness K` a rollout process of its own (`async_source.py`, docs/math.md §10). The loop below is the

@@ -55,19 +55,22 @@ def _free_port() -> str:
         return str(sock.getsockname()[1])
 
 
-@pytest.mark.slow  # one two-rank tiny run, about 25 s
+@pytest.mark.slow  # one two-rank tiny run, about 30 s
 def test_torchrun_ranks_evaluate_their_shards_and_rank_zero_writes_them_once(tmp_path):
+    """Under --fsdp: 3 problems x 8 samples in calls of one problem are 2 generate calls on rank 0 and 1 on rank 1,
+    which must run as many (each gathers the sharded layers) or the ranks wait on each other until the timeout."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", _free_port(),
            "-m", "fastrl.trainer", "train", "--preset", "tiny", "--output-dir", str(out), "--max-steps", "2",
            "--warmup-sft-steps", "5", "--prompts-per-step", "4", "--group-size", "4", "--save-steps", "0",
-           "--no-progress", "--no-plot", "--eval-dataset", "arithmetic-heldout:19", "--eval-every", "2",
-           "--eval-max-problems", "5"]  # fmt: skip
+           "--no-progress", "--no-plot", "--fsdp", "--eval-dataset", "arithmetic-heldout:19", "--eval-every", "2",
+           "--eval-max-problems", "3", "--eval-samples", "8"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(str(out))
     assert [r["step"] for r in rows] == [1, 2] and "eval_pass@1" in rows[1] and "eval_pass@1" not in rows[0]
     problems = [json.loads(line) for line in (out / "eval" / "step-2.jsonl").read_text().splitlines()]
-    assert [p["problem_id"] for p in problems] == ["0", "1", "2", "3", "4"]  # both ranks' shards, in order, once
-    assert rows[1]["eval_pass@1"] == pytest.approx(sum(p["correct"][0] for p in problems) / 5)
-    assert rows[1]["eval_reward_mean"] == pytest.approx(sum(p["rewards"][0] for p in problems) / 5)
+    assert [p["problem_id"] for p in problems] == ["0", "1", "2"]  # both ranks' shards, in order, once
+    assert all(len(p["completions"]) == 8 for p in problems)
+    assert rows[1]["eval_pass@1"] == pytest.approx(sum(sum(p["correct"]) for p in problems) / 24)
+    assert rows[1]["eval_reward_mean"] == pytest.approx(sum(sum(p["rewards"]) for p in problems) / 24)
