@@ -12,7 +12,8 @@ When `eval_options.eval_due(step)` (every `eval_every` optimizer steps, after th
      (`eval_metrics.py`) that go on step N's row of metrics.jsonl; the other ranks return {}.
 
 Engines: the synchronous vLLM source's engine samples the eval too (its weights synced first, one seeded request
-per completion, put back to sleep after); otherwise (the HF engine, and `--async-staleness`, whose rollout process
+per completion, put back to sleep at level 1 after, so its weights are there for a next batch without a sync, as
+after the step-0 eval); otherwise (the HF engine, and `--async-staleness`, whose rollout process
 never waits on an eval) an HF `generate` engine over the trainer's own model. The training stream is untouched:
 Python's, NumPy's and torch's generators are saved before an eval and restored after it (an eval draws from a
 generator seeded by the seed, the step and the rank), the prompt stream is not read, the optimizer not stepped.
@@ -178,8 +179,8 @@ class Evaluator:
         params = [SamplingParams(n=1, **kw, max_tokens=c.max_completion_length, stop_token_ids=engine.eos_ids,
                                  detokenize=False, seed=s) for s in seeds]  # fmt: skip
         outs = engine.llm.generate([{"prompt_token_ids": p} for p in flat], params, use_tqdm=False) if flat else []
-        if engine.sleep_level:
-            engine.llm.sleep(level=engine.sleep_level)
+        if engine.sleep_level:  # level 1 keeps the weights (in host memory): a generate may follow without a sync
+            engine.llm.sleep(level=1)
             engine.asleep = True
         return [Completion(p, list(o.outputs[0].token_ids), o.outputs[0].finish_reason == "length")
                 for p, o in zip(flat, outs)]  # fmt: skip
