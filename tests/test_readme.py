@@ -113,6 +113,8 @@ def test_the_readme_runs_as_written_in_a_fresh_venv(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     steps = [json.loads(line) for line in (repo / "runs" / "tiny" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2], steps
+    assert "eval_pass@1" in steps[-1] and "eval_pass@1" not in steps[0], steps  # the last step's eval
+    assert (repo / "runs" / "tiny" / "curves.png").stat().st_size > 0  # the figure the README shows beside it
     elsewhere = tmp_path / "examples"  # not the copy's parent: its `fastrl/` folder would shadow the install
     elsewhere.mkdir()
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import fastrl; print(fastrl.__file__)"],

@@ -2,7 +2,7 @@
 
 `eval_dataset` is a comma list of `[NAME=]SOURCE`; a SOURCE is one of
 
-    arithmetic:<N>           fresh draws of the arithmetic task (a seed of their own: the training stream's
+    arithmetic:<N>           256 fresh draws of the arithmetic task (a seed of their own: the training stream's
                              distribution, not its list; at a small N they are the problems it trains on)
     arithmetic-trained       each distinct problem the training stream draws, once (an arithmetic `dataset`)
     arithmetic-heldout:<N>   the additions with both operands <= N that the training stream never draws

@@ -42,6 +42,7 @@ from .validate import ConfigError
 __all__ = ["Evaluator", "load_eval_sets", "rng_kept"]
 
 FRESH_DRAWS_SEED = 7_777_777  # added to the seed: `arithmetic:<N>` eval sets draw apart from the training list
+FRESH_DRAWS = 256  # problems of an `arithmetic:<N>` eval set (eval_max_problems, when set, takes its first M)
 
 
 def _held_out(config: TrainConfig, max_operand: int) -> list[Problem]:
@@ -58,7 +59,7 @@ def _load(s: EvalSet, config: TrainConfig) -> list[Problem]:
     if head == "arithmetic-trained":
         return trained_arithmetic(config.dataset, config.seed)
     if head == "arithmetic":
-        return load_problems(s.source, config.seed + FRESH_DRAWS_SEED)
+        return load_problems(s.source, config.seed + FRESH_DRAWS_SEED, n=FRESH_DRAWS)
     return load_problems(s.source, config.seed, split=config.eval_dataset_split, prompt_key=config.prompt_key,
                          answer_key=config.answer_key)  # fmt: skip
 

@@ -99,6 +99,7 @@ def test_the_sets_load_as_documented(tmp_path):
     assert {p.prompt for p in sets["t"]} <= seen and len({p.prompt for p in sets["t"]}) == 40
     fresh, trained = sets["f"], load_problems("arithmetic:9", config.seed)[:40]
     assert fresh != trained and all(int(p.answer) == eval(p.prompt[:-1]) for p in fresh)  # draws of their own
+    assert len(evaluation.load_eval_sets(make_config("tiny", eval_every=5, eval_dataset="arithmetic:9"))[None]) == 256
     whole = evaluation.load_eval_sets(make_config("tiny", eval_every=5, eval_dataset="arithmetic-heldout:12"))
     assert len(whole[None]) == 13 * 13 - len([p for p in seen if max(map(int, p[:-1].split("+"))) <= 12])
     (tmp_path / "e.jsonl").write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
