@@ -32,6 +32,7 @@ from .rollout import Completion, build_prompt
 from .rollout.devices import DevicePlan, check_rank_uuids, plan_rollout, visible_devices_for_children, visible_gpu_ids
 from .rollout.interface import end_token_ids
 from .rollout.sampling import resolve_replay
+from .rollout.thinking import thinking_budget_of
 from .rollout.vllm_engine import engine_replay_blocker, kv_cache_bytes, model_runner_v2, vllm_dtype
 from .stages import Batch, attach_logprobs, score_batch
 from .tiny import built_in
@@ -60,6 +61,7 @@ def worker_spec(config, model, tokenizer, model_path: str):
         enforce_eager=config.vllm_enforce_eager,
         gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         replay=("recorder" if recorder else "mask") if replay else "off",
+        thinking=thinking_budget_of(config, tokenizer),
     )
 
 
@@ -93,13 +95,15 @@ def nccl_link(plan: DevicePlan, visible: tuple[int, ...], rank: int) -> tuple[st
 
 
 def completions_of(groups) -> list[Completion]:
-    """The groups' completions, with their kept sets (received as NumPy arrays) where the rollout process sent them."""
+    """The groups' completions, with their kept sets (received as NumPy arrays) and the thinking budget's inserted
+    spans where the rollout process sent them."""
     out = []
     for g in groups:
         kept = g.kept or [None] * len(g.completion_ids)
-        for ids, lps, cut, sets in zip(g.completion_ids, g.logprobs, g.truncated, kept):
+        inserted = g.inserted or [None] * len(g.completion_ids)
+        for ids, lps, cut, sets, span in zip(g.completion_ids, g.logprobs, g.truncated, kept, inserted):
             sets = None if sets is None else KeptSets(torch.from_numpy(sets[0]), torch.from_numpy(sets[1]))
-            out.append(Completion(list(g.prompt_ids), list(ids), cut, list(lps), kept=sets))
+            out.append(Completion(list(g.prompt_ids), list(ids), cut, list(lps), span, sets))
     return out
 
 
