@@ -10,7 +10,9 @@ timeline and the prompt ids of the batch. A resumed run re-queues what was in fl
 Devices: on the CPU the rollout process shares the machine and the weights go through shared memory. On CUDA it
 runs on GPUs of its own (the `rollout_gpus` setting, `rollout/devices.py`): it sees only them, tensor parallel
 over all of them; every trainer rank checks by UUID that its GPU is none of them; the weights go over vLLM's
-`nccl` engine, rank 0 the sender. CUDA without rollout GPUs is refused.
+`nccl` engine, rank 0 the sender. CUDA without rollout GPUs (where `rollout/devices.weight_backend` allows it): the
+rollout process shares trainer rank 0's GPU and the weights go over vLLM's `ipc` engine (`rollout/ipc_weights.py`),
+every rank taking part in each push (vLLM's engine gathers the handles over all ranks), rank 0 the sender.
 """
 
 import contextlib
@@ -125,10 +127,11 @@ class AsyncSource:
         plan = plan_rollout(getattr(config, "rollout_gpus", ""), device, visible,
                             int(os.environ.get("LOCAL_WORLD_SIZE", "1")), self.K)  # fmt: skip
         link = nccl_link(plan, visible, run.rank) if plan is not None else None
-        if not (self.lead or sharded):
+        self.colocated = cuda and plan is None  # the rollout process on rank 0's GPU, weights over vLLM's ipc engine
+        if not (self.lead or sharded or self.colocated):
             return
         try:
-            if not self.lead:  # a sharded model's full tensors are gathered by every rank: each takes part in a push
+            if not self.lead:  # a sharded model's full tensors (or ipc handles) are gathered by every rank: each pushes
                 self.push = self._weight_push(None, run.model, plan, link)
                 self.push.push(run.step)
                 return
@@ -137,6 +140,8 @@ class AsyncSource:
             exported = build_model(config, torch.device("cpu"))[0] if sharded and built_in(config.model) else run.model
             path, self.export = model_dir(config.model, exported, run.tokenizer)
             spec = on_devices(worker_spec(config, run.model, run.tokenizer, path), plan)
+            if self.colocated:
+                spec = dataclasses.replace(spec, backend="ipc")
             gpus = visible_devices_for_children(plan.rollout_visible) if plan else contextlib.nullcontext()
             with gpus:  # the rollout process sees only its GPUs, set before vLLM starts there
                 self.rollout = AsyncRollout(spec, startup_timeout_s=config.rollout_timeout_s,
@@ -150,9 +155,14 @@ class AsyncSource:
             raise
 
     def _weight_push(self, rollout, model, plan: DevicePlan | None, link):
-        """Shared memory on the CPU; with rollout GPUs vLLM's `nccl` engine, built on every rank (rank 0 sends)."""
+        """Shared memory on the CPU; on CUDA vLLM's `ipc` engine (colocated) or, with rollout GPUs, its `nccl` engine,
+        built on every rank (rank 0 sends)."""
         from .rollout.weight_push import WeightPush
 
+        if self.colocated:
+            from .rollout.ipc_weights import IpcWeightPush
+
+            return IpcWeightPush(rollout, model, vllm_dtype(self.config, model), rank=self.run.rank)
         if plan is None:
             return WeightPush(rollout, model, rank=self.run.rank)
         from .rollout.nccl_weights import NcclWeightPush
