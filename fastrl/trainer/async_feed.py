@@ -39,16 +39,20 @@ class AsyncFeed:
         self.dropped_total, self._busy_seen = 0, 0.0
 
     def top_up(self) -> None:
-        """Send prompts until (K + 1) · per_step are out with the rollout process."""
-        room = (self.K + 1) * self.per_step - len(self.rollout.in_flight) - len(self.rollout.groups)
+        """Send prompts until (K + 1) · per_step are out with the rollout process (a group already read but not yet
+        taken is still in flight: counted once)."""
+        room = (self.K + 1) * self.per_step - self._out()
         for pid in self.ledger.issue(max(room, 0)):
             self.rollout.submit(pid, self.prompt_of(pid), self.G, self.seed)
+
+    def _out(self) -> int:
+        return len(self.rollout.in_flight | {g.prompt_id for g in self.rollout.groups})
 
     def next_batch(self, version: int) -> tuple[list[RolloutGroup], dict]:
         """`per_step` admitted groups for the optimizer step the trainer takes at `version`, and its metrics."""
         t0, wait0 = time.monotonic(), self.rollout.wait_s
         self.top_up()
-        out = len(self.rollout.in_flight | {g.prompt_id for g in self.rollout.groups})
+        out = self._out()
         kept, dropped, stale = [], 0, []
         while len(kept) < self.per_step:
             group = self.rollout.next_group()

@@ -111,6 +111,19 @@ def test_drop_bound_is_the_groups_out_when_the_batch_began():
         async_feed.check_drops([0, 1, 0], out=2, version=3, staleness=1)
 
 
+def test_groups_read_but_not_taken_count_once():
+    """The rollout client keeps a group it read while waiting for something else (a weight push's answer) in
+    `groups` and in `in_flight` until the feed takes it: counted twice, the feed would keep fewer prompts out."""
+    rollout = ScriptedRollout(lambda ids, version: ids)
+    f = feed(rollout, K=1)  # 4 out
+    f.top_up()
+    rollout.in_flight -= {0, 1}  # taken by the last batch
+    rollout.groups = [rollout.next_group(), rollout.next_group()]  # 2 and 3: read, not yet taken
+    rollout.in_flight |= {2, 3}
+    f.top_up()
+    assert rollout.submitted == [0, 1, 2, 3, 4, 5]
+
+
 def test_timeline_fractions():
     t = timeline({"generation_busy_s": 3.0, "trainer_wait_s": 1.0}, step_s=4.0)
     assert t == {"generation_busy_frac": 0.75, "generation_idle_frac": 0.25, "trainer_busy_frac": 0.75,
