@@ -16,6 +16,8 @@ vLLM's engine gathers the handles over the default process group, so with severa
 `push` (rank 0 sends); each rank's handles are keyed by its GPU's UUID, and the receiver takes its own GPU's.
 """
 
+import math
+
 from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
 from vllm.distributed.weight_transfer.packed_tensor import DEFAULT_PACKED_BUFFER_SIZE_BYTES
 
@@ -24,15 +26,8 @@ from .nccl_weights import CastSource, LabelledClient, vllm_dtype
 
 def buffer_bytes(source: CastSource) -> int:
     """The shared buffer's size: vLLM's default, or the largest tensor of `source` in vLLM's dtype if larger."""
-    largest = max((m.dtype.itemsize * _numel(m.shape) for m in source.metadata()), default=0)
+    largest = max((m.dtype.itemsize * math.prod(m.shape) for m in source.metadata()), default=0)
     return max(DEFAULT_PACKED_BUFFER_SIZE_BYTES, largest)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 class IpcWeightPush:
