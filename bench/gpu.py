@@ -10,7 +10,10 @@
    in the batch for the plain kernels with batch_invariant=True), and their time beside the plain kernel's;
 3. peers (bench/gpu_peers.py): grpo_loss and token_logprobs fwd+bwd against every peer on the live rows,
    each checked against eager first, with TFLOP/s and peak memory;
-4. FSDP2 (bench/gpu_fsdp.py): one training step of a small random Hugging Face model with fastrl's update.
+4. FSDP2 (bench/gpu_fsdp.py): one training step of a small random Hugging Face model with fastrl's update;
+5. async (bench/gpu_async.py): a few `fastrl train --async-staleness 1` steps, the rollout process colocated on
+   the GPU (weights over vLLM's ipc engine): steps/s, finite rewards and log-probs, staleness <= 1. The
+   `--rollout-gpus` case needs two GPUs and is skipped, said so; `--dry-run` skips the part with its reason.
 
 Each part's table is printed as it finishes, and the short summary table last. With `OUT` set, the results
 go to `$OUT/gpu.json`. Exit status 1 when a part fails its correctness check.
@@ -27,7 +30,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--parts", default="kernels,replay,peers,fsdp", help="comma-separated subset of those parts")
+    p.add_argument("--parts", default="kernels,replay,peers,fsdp,async", help="comma-separated subset of those parts")
     args = p.parse_args(argv)
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before torch and triton load
@@ -35,12 +38,13 @@ def main(argv=None) -> int:
 
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("no CUDA device is visible to torch (use --dry-run on CPU)")
-    from bench import gpu_fsdp, gpu_kernels, gpu_peers, gpu_replay
+    from bench import gpu_async, gpu_fsdp, gpu_kernels, gpu_peers, gpu_replay
 
     runners = {"kernels": lambda: gpu_kernels.main(args.dry_run, 1 if args.dry_run else args.reps),
                "replay": lambda: gpu_replay.main(args.dry_run, 1 if args.dry_run else args.reps),
                "peers": lambda: gpu_peers.main(args.dry_run, 1 if args.dry_run else args.reps),
-               "fsdp": lambda: gpu_fsdp.main(args.dry_run)}  # fmt: skip
+               "fsdp": lambda: gpu_fsdp.main(args.dry_run),
+               "async": lambda: gpu_async.main(args.dry_run)}  # fmt: skip
     out, summary = {}, []
     for name in [x for x in args.parts.split(",") if x]:
         start = time.perf_counter()

@@ -23,6 +23,10 @@ from .prompt_ledger import PromptLedger
 from .staleness import RolloutGroup, admitted, staleness_stats
 
 
+class StaleFeedError(RuntimeError):
+    """Every group the rollout process sends back is too stale to train: its engine is not on a recent version."""
+
+
 class AsyncFeed:
     """Rank 0's side of the rollout process: prompts out, admitted groups in, the step's async metrics."""
 
@@ -35,22 +39,29 @@ class AsyncFeed:
         self.dropped_total, self._busy_seen = 0, 0.0
 
     def top_up(self) -> None:
-        """Send prompts until (K + 1) · per_step are out with the rollout process."""
-        room = (self.K + 1) * self.per_step - len(self.rollout.in_flight) - len(self.rollout.groups)
+        """Send prompts until (K + 1) · per_step are out with the rollout process (a group already read but not yet
+        taken is still in flight: counted once)."""
+        room = (self.K + 1) * self.per_step - self._out()
         for pid in self.ledger.issue(max(room, 0)):
             self.rollout.submit(pid, self.prompt_of(pid), self.G, self.seed)
+
+    def _out(self) -> int:
+        return len(self.rollout.in_flight | {g.prompt_id for g in self.rollout.groups})
 
     def next_batch(self, version: int) -> tuple[list[RolloutGroup], dict]:
         """`per_step` admitted groups for the optimizer step the trainer takes at `version`, and its metrics."""
         t0, wait0 = time.monotonic(), self.rollout.wait_s
         self.top_up()
-        kept, dropped = [], 0
+        out = self._out()
+        kept, dropped, stale = [], 0, []
         while len(kept) < self.per_step:
             group = self.rollout.next_group()
             if admitted(group, version, self.K):
                 kept.append(group)
             else:
                 dropped += 1
+                stale.append(group.oldest_version)
+                check_drops(stale, out, version, self.K)
                 self.ledger.requeue([group.prompt_id])
                 self.top_up()
         if self.K == 0:  # the synchronous order: the batch's prompts in stream order
@@ -68,6 +79,24 @@ class AsyncFeed:
         }
         self._busy_seen = max(busy, self._busy_seen)
         return kept, metrics
+
+
+def check_drops(stale: list[int], out: int, version: int, staleness: int) -> None:
+    """StaleFeedError once one batch has dropped more groups than were out when it began.
+
+    The weights of `version` reach the rollout process before the batch is asked for, and they do not change while
+    the trainer waits for it. So only the `out` groups already out when the batch began can hold tokens of an older
+    version; a dropped prompt is sampled again from scratch under the engine's current version, and is admitted.
+    A drop beyond `out` therefore means the engine is not sampling with a version >= version - staleness (the
+    weight pushes do not reach it): without this bound the feed would drop and re-sample forever.
+    """
+    if len(stale) > out:
+        raise StaleFeedError(
+            f"the batch for trainer version {version} with async_staleness={staleness} dropped {len(stale)} groups as "
+            f"too stale, their oldest tokens sampled by versions {sorted(set(stale))}: more than the {out} groups "
+            f"out when the batch began, so the rollout engine is not sampling with a version >= "
+            f"{version - staleness} (do the weight pushes reach it?)"
+        )
 
 
 def timeline(metrics: dict, step_s: float) -> dict:

@@ -10,7 +10,9 @@ timeline and the prompt ids of the batch. A resumed run re-queues what was in fl
 Devices: on the CPU the rollout process shares the machine and the weights go through shared memory. On CUDA it
 runs on GPUs of its own (the `rollout_gpus` setting, `rollout/devices.py`): it sees only them, tensor parallel
 over all of them; every trainer rank checks by UUID that its GPU is none of them; the weights go over vLLM's
-`nccl` engine, rank 0 the sender. CUDA without rollout GPUs is refused.
+`nccl` engine, rank 0 the sender. CUDA without rollout GPUs (where `rollout/devices.weight_backend` allows it): the
+rollout process shares trainer rank 0's GPU and the weights go over vLLM's `ipc` engine (`rollout/ipc_weights.py`),
+every rank taking part in each push (vLLM's engine gathers the handles over all ranks), rank 0 the sender.
 """
 
 import contextlib
@@ -32,6 +34,7 @@ from .rollout import Completion, build_prompt
 from .rollout.devices import DevicePlan, check_rank_uuids, plan_rollout, visible_devices_for_children, visible_gpu_ids
 from .rollout.interface import end_token_ids
 from .rollout.sampling import resolve_replay
+from .rollout.thinking import thinking_budget_of
 from .rollout.vllm_engine import engine_replay_blocker, kv_cache_bytes, model_runner_v2, vllm_dtype
 from .stages import Batch, attach_logprobs, score_batch
 from .tiny import built_in
@@ -60,6 +63,7 @@ def worker_spec(config, model, tokenizer, model_path: str):
         enforce_eager=config.vllm_enforce_eager,
         gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         replay=("recorder" if recorder else "mask") if replay else "off",
+        thinking=thinking_budget_of(config, tokenizer),
     )
 
 
@@ -93,13 +97,15 @@ def nccl_link(plan: DevicePlan, visible: tuple[int, ...], rank: int) -> tuple[st
 
 
 def completions_of(groups) -> list[Completion]:
-    """The groups' completions, with their kept sets (received as NumPy arrays) where the rollout process sent them."""
+    """The groups' completions, with their kept sets (received as NumPy arrays) and the thinking budget's inserted
+    spans where the rollout process sent them."""
     out = []
     for g in groups:
         kept = g.kept or [None] * len(g.completion_ids)
-        for ids, lps, cut, sets in zip(g.completion_ids, g.logprobs, g.truncated, kept):
+        inserted = g.inserted or [None] * len(g.completion_ids)
+        for ids, lps, cut, sets, span in zip(g.completion_ids, g.logprobs, g.truncated, kept, inserted):
             sets = None if sets is None else KeptSets(torch.from_numpy(sets[0]), torch.from_numpy(sets[1]))
-            out.append(Completion(list(g.prompt_ids), list(ids), cut, list(lps), kept=sets))
+            out.append(Completion(list(g.prompt_ids), list(ids), cut, list(lps), span, sets))
     return out
 
 
@@ -121,10 +127,11 @@ class AsyncSource:
         plan = plan_rollout(getattr(config, "rollout_gpus", ""), device, visible,
                             int(os.environ.get("LOCAL_WORLD_SIZE", "1")), self.K)  # fmt: skip
         link = nccl_link(plan, visible, run.rank) if plan is not None else None
-        if not (self.lead or sharded):
+        self.colocated = cuda and plan is None  # the rollout process on rank 0's GPU, weights over vLLM's ipc engine
+        if not (self.lead or sharded or self.colocated):
             return
         try:
-            if not self.lead:  # a sharded model's full tensors are gathered by every rank: each takes part in a push
+            if not self.lead:  # a sharded model's full tensors (or ipc handles) are gathered by every rank: each pushes
                 self.push = self._weight_push(None, run.model, plan, link)
                 self.push.push(run.step)
                 return
@@ -133,6 +140,8 @@ class AsyncSource:
             exported = build_model(config, torch.device("cpu"))[0] if sharded and built_in(config.model) else run.model
             path, self.export = model_dir(config.model, exported, run.tokenizer)
             spec = on_devices(worker_spec(config, run.model, run.tokenizer, path), plan)
+            if self.colocated:
+                spec = dataclasses.replace(spec, backend="ipc")
             gpus = visible_devices_for_children(plan.rollout_visible) if plan else contextlib.nullcontext()
             with gpus:  # the rollout process sees only its GPUs, set before vLLM starts there
                 self.rollout = AsyncRollout(spec, startup_timeout_s=config.rollout_timeout_s,
@@ -146,9 +155,14 @@ class AsyncSource:
             raise
 
     def _weight_push(self, rollout, model, plan: DevicePlan | None, link):
-        """Shared memory on the CPU; with rollout GPUs vLLM's `nccl` engine, built on every rank (rank 0 sends)."""
+        """Shared memory on the CPU; on CUDA vLLM's `ipc` engine (colocated) or, with rollout GPUs, its `nccl` engine,
+        built on every rank (rank 0 sends)."""
         from .rollout.weight_push import WeightPush
 
+        if self.colocated:
+            from .rollout.ipc_weights import IpcWeightPush
+
+            return IpcWeightPush(rollout, model, vllm_dtype(self.config, model), rank=self.run.rank)
         if plan is None:
             return WeightPush(rollout, model, rank=self.run.rank)
         from .rollout.nccl_weights import NcclWeightPush

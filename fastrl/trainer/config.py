@@ -203,8 +203,8 @@ class TrainConfig:
 
 
 def _check_async(c: TrainConfig) -> None:
-    """Asynchronous rollouts: the vLLM engine, K = 0 or at least the optimizer steps of one batch, no thinking
-    budget; the rollout process's own GPUs (`rollout_gpus`) only with it, on CUDA."""
+    """Asynchronous rollouts: the vLLM engine, K = 0 or at least the optimizer steps of one batch; the rollout
+    process's own GPUs (`rollout_gpus`) only with it, on CUDA."""
     if c.rollout_gpus:
         from .rollout.devices import parse_gpu_ids
 
@@ -224,8 +224,6 @@ def _check_async(c: TrainConfig) -> None:
     if c.engine != "vllm":
         raise ConfigError("async_staleness", c.async_staleness, f"needs engine='vllm' (the {c.engine!r} engine is "
                           "synchronous: use async_staleness=-1)")  # fmt: skip
-    if c.thinking_budget > 0:
-        raise ConfigError("thinking_budget", c.thinking_budget, "is not supported with async_staleness >= 0")
     steps = c.ppo_epochs * c.minibatches
     if 0 < c.async_staleness < steps:
         raise ConfigError("async_staleness", c.async_staleness, f"counts optimizer steps: with ppo_epochs="

@@ -34,6 +34,8 @@ class RolloutGroup:
     # per completion, with `--sampler-replay`: the sampler's kept sets as NumPy int32 arrays (ids [M], counts [T]),
     # the pieces of a partial rollout concatenated in order (`batching.KeptSets` once received); None without
     kept: list[tuple] | None = None
+    # per completion, with a thinking budget: the [start, end) tokens the engine inserted (None: none), else None
+    inserted: list[tuple[int, int] | None] | None = None
 
     def __post_init__(self):
         n = len(self.completion_ids)
@@ -53,6 +55,12 @@ class RolloutGroup:
                 if len(counts) != len(ids) or int(counts.sum()) != len(kept_ids):
                     raise ValueError(f"group {self.prompt_id}: {len(ids)} tokens but kept sets for {len(counts)} "
                                      f"tokens holding {int(counts.sum())} ids of {len(kept_ids)}")  # fmt: skip
+        if self.inserted is not None:
+            if len(self.inserted) != n:
+                raise ValueError(f"group {self.prompt_id}: {n} completions but {len(self.inserted)} inserted spans")
+            for ids, span in zip(self.completion_ids, self.inserted):
+                if span is not None and not 0 <= span[0] <= span[1] <= len(ids):
+                    raise ValueError(f"group {self.prompt_id}: inserted span {span} outside its {len(ids)} tokens")
 
     @property
     def oldest_version(self) -> int:
@@ -101,6 +109,11 @@ def merge_spans(spans: Iterable[VersionSpan]) -> tuple[VersionSpan, ...]:
         else:
             out.append(s)
     return tuple(out)
+
+
+def head_spans(spans: Sequence[VersionSpan], n: int) -> tuple[VersionSpan, ...]:
+    """The spans of the first `n` tokens."""
+    return tuple(VersionSpan(s.version, s.start, min(s.end, n)) for s in spans if s.start < n)
 
 
 def stitch(pieces: Sequence[tuple[VersionSpan, ...]], lengths: Sequence[int]) -> tuple[VersionSpan, ...]:

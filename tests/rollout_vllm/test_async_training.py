@@ -1,6 +1,6 @@
-"""`fastrl train --async-staleness K` on vLLM's CPU build: the synchronous order at K = 0, learning at K = 1 with
-partial rollouts and replayed kept sets, a killed rollout process reported, and a resume that trains every prompt
-exactly once."""
+"""`fastrl train --async-staleness K` on vLLM's CPU build: the synchronous order at K = 0 (with a thinking budget),
+learning at K = 1 with partial rollouts and replayed kept sets, a killed rollout process reported, and a resume that
+trains every prompt exactly once."""
 
 import gc
 import json
@@ -14,9 +14,11 @@ import pytest
 import torch
 from vllm_reference import ENGINE, alive
 
+from fastrl.trainer import scoring
 from fastrl.trainer import trainer as loop
 from fastrl.trainer.config import make_config
 from fastrl.trainer.metrics import read_metrics
+from fastrl.trainer.tiny.model import CharTokenizer
 
 pytestmark = pytest.mark.slow
 TIMING = {"rollout_s", "step_s", "tokens_per_s", "elapsed_s", "total_wall_s"}
@@ -27,19 +29,40 @@ def rows_of(out) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path):
+def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path, monkeypatch):
     """K = 0 in one process and on 2 gloo ranks (rank 0 owns the rollout process and deals the groups) against
     the synchronous one-process run: the same samples, metrics and prompts, with two optimizer steps per batch
     (each a version pushed to the rollout process; the second step's ratio against the batch's frozen log-probs).
-    The 2 ranks as one sequence-parallel group with FSDP log the same steps."""
+    The 2 ranks as one sequence-parallel group with FSDP log the same steps.
+
+    Every run has a thinking budget of 2 tokens (the warmed-up tiny model opens the span itself and thinks for 3 or
+    more), applied by the rollout process as by the synchronous engine: the same completions, inserted spans (masked
+    out of the loss) and losses."""
     common = dict(ENGINE, max_steps=4, prompts_per_step=4, group_size=4, minibatches=2, warmup_sft_steps=60,
-                  save_steps=0, progress=False)  # fmt: skip
-    flags = ("--async-staleness", "0", "--max-steps", "4", "--minibatches", "2")
+                  save_steps=0, progress=False, thinking_budget=2, thinking_stop_text=".")  # fmt: skip
+    flags = ("--async-staleness", "0", "--max-steps", "4", "--minibatches", "2", "--thinking-budget", "2",
+             "--thinking-stop-text", ".")  # fmt: skip
+    seen, to_samples = [], scoring.to_samples
+
+    def recorded(comps, *args, **kwargs):  # each run's completions, inserted spans and loss masks, in batch order
+        samples = to_samples(comps, *args, **kwargs)
+        seen[-1] += [(c.completion_ids, c.inserted, s.token_mask) for c, s in zip(comps, samples)]
+        return samples
+
+    monkeypatch.setattr(scoring, "to_samples", recorded)
     two_ranks, sp_ranks = _start_two_ranks(tmp_path / "async-2", *flags), None
     try:
+        seen.append([])
         loop.train(make_config("tiny", output_dir=str(tmp_path / "sync"), **common))
         gc.collect()  # the in-process engine goes before the rollout process starts
+        seen.append([])
         loop.train(make_config("tiny", output_dir=str(tmp_path / "async"), async_staleness=0, **common))
+        # the same completions, inserted spans and loss masks: two batches of 4 prompts x 4 completions
+        assert len(seen[0]) == 2 * 4 * 4 and seen[1] == seen[0]
+        cut = [(ids, span, mask) for ids, span, mask in seen[0] if span is not None]
+        insert = CharTokenizer().encode(".</think>")  # the stop-thinking text and the closing marker
+        assert len(cut) >= len(seen[0]) // 2 and all(ids[span[0] : span[1]] == insert for ids, span, _ in cut), cut
+        assert all(mask[span[0] : span[1]] == [0.0, 0.0] and sum(mask) == len(ids) - 2 for ids, span, mask in cut)
         log = two_ranks.communicate(timeout=900)[0]
         assert two_ranks.returncode == 0, log[-3000:]
         # the two ranks as one sequence-parallel group (both train the whole batch, each its block of the tokens),
@@ -53,6 +76,7 @@ def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path):
                 proc.kill()
     sync, asyn, asyn2 = rows_of(tmp_path / "sync"), rows_of(tmp_path / "async"), rows_of(tmp_path / "async-2")
     assert len(sync) == len(asyn) == len(asyn2) == 4
+    assert all(r["thinking_budget_cut_frac"] > 0 for r in sync)
     assert all(abs(r["ratio_mean"] - 1) > 1e-7 for r in sync[1::2])  # the second steps train against old log-probs
     for a, b, c in zip(sync, asyn, asyn2):
         for key in sorted(set(a) - TIMING):

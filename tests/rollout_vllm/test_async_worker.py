@@ -151,29 +151,58 @@ def test_kept_sets_recorded_per_piece_replay_vllms_logprobs(served):
     """`replay="recorder"` (vLLM's CPU build): each token's kept set is recorded in the rollout process, one record
     per piece of a partial rollout, concatenated in order, sent as NumPy arrays; replayed by the trainer they give
     vLLM's processed log-probs within 1e-5 per token with every sampled token inside its set (no cutoff flip). The
-    same sets one position off (a misalignment) fail it."""
+    same sets one position off (a misalignment) fail it.
+
+    The same engine applies a thinking budget (3 tokens) to a prompt that opens the span, in 2-token chunks with a
+    weight push after the first: the budget is counted across the pieces (the second piece asks for 1 token), the
+    stop-thinking sentence and closing marker are inserted at token 3, labelled with the version of the token before
+    them, with log-prob 0.0 and an empty kept set each (count 0, no ids in the CSR), and the completion goes on."""
     from fastrl.trainer.async_source import completions_of
     from fastrl.trainer.batching import KeptSets, Sample
+    from fastrl.trainer.rollout.thinking import find, thinking_budget_of
     from fastrl.trainer.update import StepSettings, sequence_logprobs
 
     _, model, tokenizer, served_rollout, _, path = served
     assert not served_rollout.process.is_alive()  # never two engines at once
-    config = tiny_config(top_p=0.9, top_k=50, min_p=0.02, bf16=False)
+    # two-token markers: the untrained model writes neither by chance
+    config = tiny_config(top_p=0.9, top_k=50, min_p=0.02, bf16=False, thinking_budget=3, thinking_stop_text=".",
+                         think_start="<think><think>", think_end="</think></think>")  # fmt: skip
+    budget = thinking_budget_of(config, tokenizer)
     prompts = prompts_of(tokenizer)
-    with AsyncRollout(spec_of(config, path, tokenizer, replay="recorder"), startup_timeout_s=900,
-                      timeout_s=120).start() as rollout:  # fmt: skip
-        WeightPush(rollout, model).push(0)
+    thinking = tokenizer.encode("3+4=<think><think>", add_special_tokens=True)
+    spec = spec_of(config, path, tokenizer, replay="recorder", thinking=budget)
+    with AsyncRollout(spec, startup_timeout_s=900, timeout_s=120).start() as rollout:
+        push = WeightPush(rollout, model)
+        push.push(0)
+        rollout.submit(3, thinking, 4, SEED, max_tokens=9, min_tokens=9, chunk_tokens=2)
+        wait_parked(rollout, 4)  # each completion's first chunk, under version 0
+        push.push(1)  # the same weights as version 1
         rollout.submit(0, prompts[0], 4, SEED)
         rollout.submit(1, prompts[1], 4, SEED, max_tokens=9, min_tokens=9, chunk_tokens=4)  # three pieces each
         rollout.submit(2, prompts[2], 4, SEED, chunk_tokens=3)
-        groups = sorted((rollout.next_group() for _ in prompts), key=lambda g: g.prompt_id)
+        groups = sorted((rollout.next_group() for _ in range(4)), key=lambda g: g.prompt_id)
     assert groups[1].meta["pieces"] == [3] * 4 and max(groups[2].meta["pieces"]) > 1
     for g in groups:
         assert all(ids.dtype.name == counts.dtype.name == "int32" for ids, counts in g.kept)  # arrays, not tensors
+    cut = groups[3]
+    insert = list(budget.insert_ids)
+    assert len(insert) == 3 and cut.meta["pieces"] == [4] * 4  # 2 tokens, 1 (the budget's last), 2 + 3 inserted, 1
+    assert cut.inserted == [(3, 6)] * 4
+    for g in groups[:3]:  # no span in the prompt: an insertion only where the completion opened one itself
+        for ids, span in zip(g.completion_ids, g.inserted):
+            lo, hi = span or (0, 0)
+            assert span is None or (find(ids, budget.start_ids) >= 0 and ids[lo:hi] == insert[: hi - lo])
+    for ids, lps, spans, (kept_ids, counts) in zip(cut.completion_ids, cut.logprobs, cut.spans, cut.kept):
+        assert len(ids) == 9 and ids[3:6] == insert and lps[3:6] == [0.0] * 3
+        assert spans == (VersionSpan(0, 0, 2), VersionSpan(1, 2, 9))
+        assert counts[3:6].tolist() == [0, 0, 0] and (counts[:3] >= 1).all() and (counts[6:] >= 1).all()
     comps = completions_of(groups)
+    sampled = torch.tensor([c.inserted is None or not c.inserted[0] <= i < c.inserted[1]
+                            for c in comps for i in range(len(c.completion_ids))])  # fmt: skip
     vllm = torch.tensor([x for c in comps for x in c.logprobs])
     sizes = torch.cat([c.kept.counts for c in comps])
-    assert sizes.numel() == vllm.numel() and (sizes >= 1).all() and (sizes < len(tokenizer)).float().mean() > 0.5
+    assert sizes.numel() == vllm.numel() and (sizes[sampled] >= 1).all() and (sizes[~sampled] == 0).all()
+    assert (sizes < len(tokenizer)).float().mean() > 0.5
     settings = StepSettings(config.loss, 1 << 20, False, tokenizer.pad_token_id, impl="torch", bf16=False)
 
     def gap(kept_of) -> tuple[torch.Tensor, int]:
@@ -183,8 +212,9 @@ def test_kept_sets_recorded_per_piece_replay_vllms_logprobs(served):
         for c, s in zip(comps, samples):
             starts = torch.cat([torch.zeros(1, dtype=torch.int64), s.kept.counts.long().cumsum(0)])
             sets = [s.kept.ids[starts[i] : starts[i + 1]].tolist() for i in range(len(s.kept))]
-            outside += sum(t not in kept for t, kept in zip(c.completion_ids, sets))
-        return (lp - vllm).abs(), outside
+            lo, hi = c.inserted or (0, 0)
+            outside += sum(t not in kept for i, (t, kept) in enumerate(zip(c.completion_ids, sets)) if not lo <= i < hi)
+        return (lp - vllm)[sampled].abs(), outside
 
     err, flips = gap(lambda kept: kept)
     print(f"replayed kept sets: max |vLLM - trainer| = {err.max():.2e} over {err.numel()} tokens, {flips} flips")

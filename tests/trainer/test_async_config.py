@@ -12,7 +12,6 @@ from fastrl.trainer.config import ConfigError, make_config
         pytest.param(dict(engine="hf", async_staleness=1), "async_staleness", id="hf-engine"),
         pytest.param(dict(engine="auto", async_staleness=0), "async_staleness", id="auto-engine"),
         pytest.param(dict(engine="vllm", async_staleness=1, minibatches=2), "async_staleness", id="two-steps"),
-        pytest.param(dict(engine="vllm", async_staleness=0, thinking_budget=4), "thinking_budget", id="thinking"),
         pytest.param(dict(engine="vllm", rollout_chunk_tokens=4), "rollout_chunk_tokens", id="chunks-without-async"),
         pytest.param(dict(engine="vllm", async_staleness=-2), "async_staleness", id="below-minus-one"),
         pytest.param(dict(engine="vllm", async_staleness=0, rollout_timeout_s=0), "rollout_timeout_s", id="timeout"),
@@ -28,6 +27,9 @@ def test_accepted_settings_and_the_help_text(capsys):
     c = make_config("tiny", engine="vllm", async_staleness=1, rollout_chunk_tokens=4)
     assert (c.async_staleness, c.rollout_chunk_tokens, c.rollout_timeout_s) == (1, 4, 600.0)
     assert make_config("tiny", engine="vllm", async_staleness=0, minibatches=2).minibatches == 2  # K = 0: as today
+    # the rollout process applies the thinking budget, its pieces' tokens counted together
+    c = make_config("tiny", engine="vllm", async_staleness=1, rollout_chunk_tokens=2, thinking_budget=4)
+    assert (c.thinking_budget, c.rollout_chunk_tokens) == (4, 2)
     c = make_config("tiny", engine="vllm", async_staleness=1, fsdp=True, sequence_parallel=2)  # checked at launch
     assert (c.fsdp, c.sequence_parallel) == (True, 2)
     with pytest.raises(SystemExit):
@@ -41,7 +43,7 @@ def test_rollout_cpus_setting_pins_the_process_or_names_the_bad_value():
 
     import torch
 
-    from fastrl.trainer.rollout.async_worker import pin_cpus
+    from fastrl.trainer.rollout.process_setup import pin_cpus
 
     with pytest.raises(ValueError, match="FASTRL_ROLLOUT_CPUS='0;1'"):
         pin_cpus("0;1")

@@ -30,6 +30,11 @@ Kept sets (`spec.replay`, docs/math.md §9): our recorder (a V1 logits processor
 sampling mask (Model Runner V2) gives each token the set its sampler kept; one record per piece, concatenated in
 order, sent in the group as NumPy int32 arrays (ids, counts) per completion.
 
+A thinking budget (`spec.thinking`, `thinking.py`): a request asks for at most the tokens left before the budget
+could run out (counted over all pieces); where it ran out with the span open, the tokens past it are dropped, the
+stop-thinking sentence and closing marker inserted (log-prob 0.0, an empty kept set each, the group's `inserted`),
+and the completion goes on at once. Request k of a completion is seeded as the in-process engine's round k.
+
 On GPUs of its own (`backend="nccl"`) the heartbeat keeps going during `update_weights`: a long receive is not a
 hung engine.
 
@@ -37,30 +42,17 @@ The prefix cache is off: vLLM cannot reset it while requests run ("Failed to res
 some blocks are not freed yet"), so after an update a new request could reuse KV computed by old weights.
 """
 
-import ctypes
 import os
 import queue
-import signal
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..staleness import RolloutGroup, VersionSpan, parse_spans, stitch
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when its parent dies (Linux prctl); exit now if the parent is already gone."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed
-        os._exit(1)
+from ..staleness import RolloutGroup, VersionSpan, head_spans, merge_spans, parse_spans, stitch
+from .process_setup import die_with_parent, pin_cpus
+from .thinking import ThinkingBudget, insertion, round_limit
 
 
 def request_seed(seed: int, prompt_id: int, sample: int, piece: int = 0) -> int:
@@ -106,6 +98,7 @@ class WorkerSpec:
     backend: str = "fastrl_shm"  # the weight-transfer backend ("nccl" on GPUs)
     replay: str = "off"  # the kept sets: "off", "recorder" (our V1 logits processor), "mask" (Model Runner V2's)
     tensor_parallel_size: int = 1
+    thinking: ThinkingBudget | None = None  # the thinking budget (`thinking.py`), None when off
     extra: dict = field(default_factory=dict)  # more `LLM(...)` keywords
 
 
@@ -120,6 +113,7 @@ class _Sample:
     parked_at: int | None = None  # the version under which it ran out of its chunk
     kept: list = field(default_factory=list)  # with replay: each piece's kept sets, (ids, counts) int32 arrays
     key: int | None = None  # the recorder's key of the piece being sampled
+    inserted: tuple[int, int] | None = None  # the thinking budget's inserted tokens, [start, end)
 
 
 @dataclass
@@ -237,6 +231,8 @@ class RolloutWorker:
         g, s, spec = self.groups[prompt_id], self.groups[prompt_id].samples[k], self.spec
         left = g.max_tokens - len(s.ids)
         limit = min(left, g.chunk_tokens) if g.chunk_tokens > 0 else left
+        if spec.thinking is not None:  # up to where the budget could run out, counted over every piece
+            limit = min(limit, round_limit(g.prompt_ids, s.ids, s.inserted, spec.thinking, g.max_tokens))
         truncation, extra = {"top_k": spec.top_k, "top_p": spec.top_p}, {}
         if spec.replay == "recorder":  # top-k / top-p applied by the recorder, the request's own off
             from .vllm_kept import EXTRA_KEY, opt_in
@@ -275,15 +271,42 @@ class RolloutWorker:
         if self.spec.replay != "off":
             s.kept.append(self._kept(c, s, len(ids)))
         ended = bool(ids) and ids[-1] in self.spec.stop_ids and c.finish_reason == "stop"
+        cut = None
+        if self.spec.thinking is not None:
+            cut = insertion(g.prompt_ids, s.ids, s.inserted, ended, self.spec.thinking, g.max_tokens)
+        if cut is not None:
+            self._insert(s, *cut)
+            ended = False
         if ended or len(s.ids) >= g.max_tokens:
             s.done, s.truncated = True, not ended
-        else:
+        elif g.chunk_tokens > 0 and len(ids) >= g.chunk_tokens:  # its chunk used up: parked
             s.parked_at = self.version
             self._send(("parked", prompt_id, k, len(s.ids)))
+        else:  # stopped where its thinking budget could run out, or cut there: the next round at once
+            self._submit(prompt_id, k)
         if all(x.done for x in g.samples):
             del self.groups[prompt_id]
             self._send(("group", self._group(prompt_id, g)))
             self.trainer_waiting = False  # the trainer's wait ends with this group
+
+    def _insert(self, s: _Sample, at: int, insert: list[int]) -> None:
+        """The thinking budget ran out at completion position `at` (within the last piece): the tokens sampled after
+        it are dropped and `insert` goes there, log-prob 0.0, an empty kept set each, labelled with the version of the
+        token before them (they were not sampled: a label of their own would only add staleness)."""
+        keep = s.lengths[-1] - (len(s.ids) - at)
+        if keep < 0:
+            raise RuntimeError(f"the thinking budget ran out at token {at}, before the last piece's first token")
+        spans = head_spans(s.pieces[-1], keep)
+        last = [p[-1] for p in (*s.pieces[:-1], spans) if p]
+        version = last[-1].version if last else self.version
+        added = (VersionSpan(version, keep, keep + len(insert)),) if insert else ()
+        s.pieces[-1], s.lengths[-1] = merge_spans(spans + added), keep + len(insert)
+        s.ids, s.logprobs = s.ids[:at] + insert, s.logprobs[:at] + [0.0] * len(insert)
+        if s.kept:
+            ids, counts = s.kept[-1]
+            counts = np.concatenate([counts[:keep], np.zeros(len(insert), dtype=np.int32)])
+            s.kept[-1] = (ids[: int(counts.sum())], counts)
+        s.inserted = (at, at + len(insert))
 
     def _kept(self, c, s: _Sample, n: int) -> tuple:
         """One piece's kept sets as NumPy int32 arrays (ids, counts): the recorder's records, or vLLM's mask."""
@@ -309,6 +332,7 @@ class RolloutWorker:
             [s.truncated for s in g.samples],
             {"pieces": [len(s.pieces) for s in g.samples], "engine_busy_s": self.busy_s},
             [_joined(s.kept) for s in g.samples] if self.spec.replay != "off" else None,
+            [s.inserted for s in g.samples] if self.spec.thinking is not None else None,
         )
 
     def _send(self, msg) -> None:
@@ -339,21 +363,6 @@ _RPCS = {
     "shutdown_weight_transfer_engine",
     "get_weight_version",
 }
-
-
-def pin_cpus(cores: str) -> None:
-    """`FASTRL_ROLLOUT_CPUS` (a bench setting, e.g. "1" or "2,3"): run this process on those cores with one torch
-    thread per core, set before the engine starts its threads; "" leaves both as inherited."""
-    if not cores:
-        return
-    try:
-        ids = {int(c) for c in cores.split(",")}
-    except ValueError:
-        raise ValueError(f"FASTRL_ROLLOUT_CPUS={cores!r}: expected comma-separated core ids ('1', '2,3')") from None
-    import torch
-
-    os.sched_setaffinity(0, ids)
-    torch.set_num_threads(len(ids))
 
 
 def worker_main(spec: WorkerSpec, ctrl, out, beat, parent_pid: int) -> None:

@@ -12,9 +12,11 @@ of the importance ratios; their kept sets are empty. A completion's kept sets ar
 (cut back with its tokens). Everything, inserted tokens included, stays within `max_completion_length`.
 
 Both engines sample in rounds (`sample_with_budget`): each round continues every unfinished completion
-from its prompt plus what it has so far, at most up to where its budget could run out; a completion
-whose span opened inside a round and ran past the budget is cut back to the budget (tokens sampled after
-that point are dropped, which leaves the kept tokens distributed exactly as the policy samples them).
+from its prompt plus what it has so far, at most up to where its budget could run out (`round_limit`); a
+completion whose span opened inside a round and ran past the budget is cut back to the budget (`insertion`:
+tokens sampled after that point are dropped, which leaves the kept tokens distributed exactly as the policy
+samples them). The asynchronous rollout process (`async_worker.py`) applies the same two functions to each
+completion's requests, so a seeded round k and the rollout process's piece k are the same request.
 """
 
 from collections.abc import Callable
@@ -87,6 +89,29 @@ def budget_cut(prompt: list[int], completion: list[int], tb: ThinkingBudget) -> 
     return None if find(completion[: s + tb.budget], tb.end_ids, s) >= 0 else s + tb.budget
 
 
+def round_limit(prompt: list[int], ids: list[int], inserted, tb: ThinkingBudget, max_new: int) -> int:
+    """Tokens a completion may sample in its next request: up to where its budget runs out, if its span is open
+    (`inserted`: the span already cut, None before)."""
+    room = max_new - len(ids)
+    s = None if inserted is not None else span_start(prompt, ids, tb)
+    if s is None or find(ids, tb.end_ids, s) >= 0:
+        return room
+    return min(room, s + tb.budget - len(ids))
+
+
+def insertion(prompt: list[int], ids: list[int], inserted, ended: bool, tb: ThinkingBudget,
+              max_new: int) -> tuple[int, list[int]] | None:  # fmt: skip
+    """After a request: (where to cut the completion, the tokens to insert there) when its budget ran out, else None.
+
+    `ended`: the request's last token is an end token. An end token as the last budgeted token ends the completion
+    instead. The insertion is cut short by `max_new`.
+    """
+    cut = None if inserted is not None else budget_cut(prompt, ids, tb)
+    if cut is None or (ended and len(ids) == cut):
+        return None
+    return cut, list(tb.insert_ids[: max_new - cut])
+
+
 @dataclass
 class _Draft:
     prompt: list[int]
@@ -96,14 +121,7 @@ class _Draft:
     kept: list[KeptSets] | None = field(default_factory=list)  # one per round; None once a round gave none
     done: bool = False
     truncated: bool = False
-
-    def open_budget(self, tb: ThinkingBudget, max_new: int) -> int:
-        """Tokens this draft may sample next: up to where its budget runs out, if its span is open."""
-        room = max_new - len(self.ids)
-        s = None if self.inserted is not None else span_start(self.prompt, self.ids, tb)
-        if s is None or find(self.ids, tb.end_ids, s) >= 0:
-            return room
-        return min(room, s + tb.budget - len(self.ids))
+    rounds: int = 0  # requests sampled so far
 
 
 def sample_with_budget(
@@ -113,26 +131,38 @@ def sample_with_budget(
     max_new: int,
     min_new: int,
     end_ids: set[int],
-    sample_round: Callable[[list[Request]], list[Sampled]],
+    sample_round: Callable[..., list[Sampled]],
     want_logprobs: bool = False,
+    seed_of: Callable[[int, int, int], int] | None = None,
 ) -> list[Completion]:
-    """`n` completions per prompt under the thinking budget; `sample_round` samples one batch of requests."""
+    """`n` completions per prompt under the thinking budget; `sample_round` samples one batch of requests.
+
+    `seed_of(prompt index, sample, request)`, when given, seeds each request (its k-th request of a completion is
+    `request`): `sample_round` is then called with the requests and their seeds, so an engine that seeds by them
+    samples each completion's pieces as the rollout process (`async_worker`) does.
+    """
     drafts = [_Draft(list(p)) for p in prompts for _ in range(n)]
-    while active := [d for d in drafts if not d.done]:
-        requests = [(d.prompt + d.ids, d.open_budget(tb, max_new), max(0, min_new - len(d.ids))) for d in active]
-        for d, (new, lps, kept) in zip(active, sample_round(requests)):
+    while active := [(i, d) for i, d in enumerate(drafts) if not d.done]:
+        requests = [(d.prompt + d.ids, round_limit(d.prompt, d.ids, d.inserted, tb, max_new),
+                     max(0, min_new - len(d.ids))) for _, d in active]  # fmt: skip
+        if seed_of is None:
+            sampled = sample_round(requests)
+        else:
+            sampled = sample_round(requests, [seed_of(i // n, i % n, d.rounds) for i, d in active])
+        for (_, d), (new, lps, kept) in zip(active, sampled):
             d.ids += new
             d.logprobs += lps if lps is not None else [0.0] * len(new)
             d.kept = None if d.kept is None or kept is None else d.kept + [kept]
+            d.rounds += 1
             ended = bool(new) and new[-1] in end_ids
-            cut = None if d.inserted is not None else budget_cut(d.prompt, d.ids, tb)
-            if cut is not None and not (ended and len(d.ids) == cut):  # an end token as the last budgeted one
-                insert = list(tb.insert_ids[: max_new - cut])
-                d.ids = d.ids[:cut] + insert
-                d.logprobs = d.logprobs[:cut] + [0.0] * len(insert)
+            cut = insertion(d.prompt, d.ids, d.inserted, ended, tb, max_new)
+            if cut is not None:
+                at, insert = cut
+                d.ids = d.ids[:at] + insert
+                d.logprobs = d.logprobs[:at] + [0.0] * len(insert)
                 if d.kept is not None:
-                    d.kept = [KeptSets.cat(d.kept).head(cut), KeptSets.empty(len(insert))]
-                d.inserted, ended = (cut, cut + len(insert)), False
+                    d.kept = [KeptSets.cat(d.kept).head(at), KeptSets.empty(len(insert))]
+                d.inserted, ended = (at, at + len(insert)), False
             d.done = ended or len(d.ids) >= max_new or not new  # (an engine that samples nothing: no loop)
             d.truncated = not ended and d.done
     return [

@@ -158,8 +158,9 @@ class VLLMEngine(SamplingEngine):
         """`n` samples for each prompt, grouped: completions [i*n : (i+1)*n] belong to prompts[i].
 
         `prompt_ids` (stream positions, one per prompt): sample k of prompt i is a request of its own seeded
-        with `request_seed(seed, prompt_ids[i], k)`, the seed the asynchronous rollout process gives it too.
-        Without them (and in a thinking budget's rounds) vLLM draws from its engine-wide generator.
+        with `request_seed(seed, prompt_ids[i], k)`, the seed the asynchronous rollout process gives it too (under a
+        thinking budget its r-th round's request `request_seed(seed, prompt_ids[i], k, r)`, the rollout process's
+        piece r). Without them vLLM draws from its engine-wide generator.
         """
         if prompt_ids is not None and len(prompt_ids) != len(prompts):
             raise ValueError(f"{len(prompt_ids)} prompt_ids for {len(prompts)} prompts")
@@ -169,9 +170,12 @@ class VLLMEngine(SamplingEngine):
             self.llm.wake_up()
             self.asleep = False
         if self.thinking is not None:
-            rounds = lambda requests: self._sample(requests, want_logprobs)  # noqa: E731
+            rounds = lambda requests, seeds=None: self._sample(requests, want_logprobs, seeds)  # noqa: E731
+            seed_of = None
+            if prompt_ids is not None:  # request k of a completion seeded as the rollout process seeds its piece k
+                seed_of = lambda i, sample, k: request_seed(self.seed, prompt_ids[i], sample, k)  # noqa: E731
             result = sample_with_budget(prompts, n, self.thinking, self.max_new_tokens, self.min_new_tokens,
-                                        set(self.eos_ids), rounds, want_logprobs)  # fmt: skip
+                                        set(self.eos_ids), rounds, want_logprobs, seed_of)  # fmt: skip
         elif prompt_ids is not None or self.replay:  # a request per completion
             flat = [p for p in prompts for _ in range(n)]
             seeds = [None] * len(flat)
@@ -239,9 +243,11 @@ class VLLMEngine(SamplingEngine):
             **extra,
         )
 
-    def _sample(self, requests: list[Request], want_logprobs: bool) -> list[Sampled]:
-        """One batched call over (context, most new tokens, fewest before an end token) requests."""
-        params = [self._sampling(1, limit, min_new, want_logprobs) for _, limit, min_new in requests]
+    def _sample(self, requests: list[Request], want_logprobs: bool, seeds: list[int] | None = None) -> list[Sampled]:
+        """One batched call over (context, most new tokens, fewest before an end token) requests, each with its seed
+        (None: vLLM's engine-wide generator)."""
+        seeds = seeds or [None] * len(requests)
+        params = [self._sampling(1, limit, lo, want_logprobs, seed) for (_, limit, lo), seed in zip(requests, seeds)]
         outs = self._generate([{"prompt_token_ids": c} for c, _, _ in requests], params)
         result = []
         for out, prm in zip(outs, params):
