@@ -18,10 +18,12 @@
       thinking.py            the thinking budget: sampling in rounds
       async_worker.py        the rollout process of --async-staleness: its vLLM engine, seeds, partial rollouts
       async_client.py        the trainer's side of it: spawn, submit, groups, heartbeat and death detection
+      process_setup.py       the rollout process's own setup: dying with its parent, its CPU cores
       shm_transfer.py        a shared-memory weight-transfer engine registered with vLLM's factories (CPU)
       weight_push.py         the weights to the rollout process through shared memory (CPU)
       devices.py             --rollout-gpus: the trainer ranks' and the rollout process's GPUs, as a pure plan
       nccl_weights.py        weights over vLLM's NCCL engine: cast one tensor at a time, the label with them, a watchdog
+      ipc_weights.py         weights over vLLM's ipc engine to a rollout process colocated on a trainer's GPU
     scoring.py             rewards (fastrl.rewards) -> shaping -> advantages -> samples, metric sums
     advantages.py          group z-score advantages
     batching.py            token-budget micro-batches, padded or packed; the samples' kept sets as CSR

@@ -21,7 +21,7 @@ from fastrl.trainer.metrics import read_metrics
 from fastrl.trainer.tiny.model import CharTokenizer
 
 pytestmark = pytest.mark.slow
-TIMING = {"rollout_s", "step_s", "tokens_per_s", "elapsed_s", "total_wall_s"}
+TIMING = {"rollout_s", "step_s", "tokens_per_s", "elapsed_s", "total_wall_s", "eval_time_s"}
 
 
 def rows_of(out) -> list[dict]:
@@ -37,11 +37,17 @@ def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path, mo
 
     Every run has a thinking budget of 2 tokens (the warmed-up tiny model opens the span itself and thinks for 3 or
     more), applied by the rollout process as by the synchronous engine: the same completions, inserted spans (masked
-    out of the loss) and losses."""
+    out of the loss) and losses.
+
+    Every run evaluates every 2 steps (greedy, 16 trained problems): the synchronous run on its vLLM engine, the
+    asynchronous ones in the trainer process (transformers' generate on the current weights), the 2 ranks each its
+    shard, gathered: the same eval columns on steps 2 and 4."""
     common = dict(ENGINE, max_steps=4, prompts_per_step=4, group_size=4, minibatches=2, warmup_sft_steps=60,
-                  save_steps=0, progress=False, thinking_budget=2, thinking_stop_text=".")  # fmt: skip
+                  save_steps=0, progress=False, thinking_budget=2, thinking_stop_text=".",
+                  eval_dataset="arithmetic-trained", eval_every=2, eval_max_problems=16)  # fmt: skip
     flags = ("--async-staleness", "0", "--max-steps", "4", "--minibatches", "2", "--thinking-budget", "2",
-             "--thinking-stop-text", ".")  # fmt: skip
+             "--thinking-stop-text", ".", "--eval-dataset", "arithmetic-trained", "--eval-every", "2",
+             "--eval-max-problems", "16")  # fmt: skip
     seen, to_samples = [], scoring.to_samples
 
     def recorded(comps, *args, **kwargs):  # each run's completions, inserted spans and loss masks, in batch order
@@ -77,6 +83,8 @@ def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path, mo
     sync, asyn, asyn2 = rows_of(tmp_path / "sync"), rows_of(tmp_path / "async"), rows_of(tmp_path / "async-2")
     assert len(sync) == len(asyn) == len(asyn2) == 4
     assert all(r["thinking_budget_cut_frac"] > 0 for r in sync)
+    assert [r["step"] for r in sync if "eval_pass@1" in r] == [2, 4]
+    assert all(r["eval_version"] == r["step"] for r in asyn + asyn2 if "eval_version" in r)
     assert all(abs(r["ratio_mean"] - 1) > 1e-7 for r in sync[1::2])  # the second steps train against old log-probs
     for a, b, c in zip(sync, asyn, asyn2):
         for key in sorted(set(a) - TIMING):
