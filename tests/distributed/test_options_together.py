@@ -6,8 +6,9 @@ The launch runs `trainer.train` on every rank for two steps (one rollout batch),
 Each rank records the completions its engine sampled; the reference is one process, without sequence parallelism or
 FSDP, whose engine returns the two replicas' completions in rank order: the same global batch. Every step's loss,
 entropy, gradient norm, KL, reward and token counts must equal the reference's to 1e-5 relative. Each option has a
-bug in `PLANTS` that makes the launch differ: `FASTRL_PLANT=<name>` runs the launch with it monkeypatched into every
-rank, and the test then asserts the difference.
+bug in `PLANTS` that fails the launch: `FASTRL_PLANT=<name>` runs it monkeypatched into every rank, and the test then
+asserts the difference from the reference (the sequence-parallel and checkpointing bugs stop the run before: a
+target outside its kept set, layers left without gradients).
 """
 
 import dataclasses
