@@ -18,6 +18,7 @@ from . import distributed as dist_utils
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_checkpoint
 from .config import TrainConfig, check_world
 from .fsdp import shard_model
+from .rollout.devices import RankPlacement, check_rank_uuids, place_rank, visible_gpu_ids
 from .sequence_parallel import SequenceParallel, init_sequence_parallel
 from .sharded_checkpoint import is_sharded_checkpoint, load_sharded
 from .tasks import PromptStream, load_problems
@@ -63,12 +64,29 @@ class Run:
     async_state: dict | None = None  # an asynchronous run's prompt ledger (`PromptLedger.state_dict`)
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(config: TrainConfig) -> tuple[torch.device, RankPlacement | None]:
+    """This rank's device, and on plain `cuda` the placement it came from: the local rank's GPU, or with
+    `rollout_gpus` one of the launcher's other GPUs (`rollout.devices.place_rank`)."""
+    name = config.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device(name)
+    if name != "cuda":
+        return torch.device(name), None
+    visible = visible_gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())
+    placement = place_rank(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                           visible, config.rollout_gpus, config.async_staleness)  # fmt: skip
+    return torch.device("cuda", placement.device), placement
+
+
+def check_rank_gpus(placement: RankPlacement) -> None:
+    """Refuse, on every rank, a trainer rank on a rollout GPU or on another rank's GPU, compared by UUID.
+
+    Each rank reads its own GPU's UUID and its node's rollout GPUs'; rank 0's node starts the rollout process, so
+    its rollout UUIDs are the ones checked.
+    """
+    mine = (dist_utils.gpu_uuid(placement.device), [dist_utils.gpu_uuid(i) for i in placement.rollout])
+    everyone = dist_utils.gather_objects(mine)
+    check_rank_uuids([uuid for uuid, _ in everyone], everyone[0][1])
 
 
 def build_model(config: TrainConfig, device: torch.device):
@@ -121,8 +139,10 @@ def start_run(config: TrainConfig) -> Run:
     """Everything before the first rollout; resumes from the latest checkpoint when `config.resume`."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    device = resolve_device(config.device)
-    own_group = dist_utils.init_from_env(device.type)
+    device, placement = resolve_device(config)
+    own_group = dist_utils.init_from_env(device)
+    if placement is not None:  # no rank on a rollout GPU or on another rank's, by UUID across the ranks
+        check_rank_gpus(placement)
     rank = dist_utils.rank()
     sp = _split_the_world(config)
     problems = _load_data(config)  # the data before the model: a dataset that does not load costs no download

@@ -25,15 +25,34 @@ def world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
-def init_from_env(device_type: str) -> bool:
-    """Join the process group torchrun describes in the environment. True if this call created it."""
+def init_from_env(device: torch.device | str) -> bool:
+    """Join the process group torchrun describes in the environment. True if this call created it.
+
+    A CUDA `device` must carry its index (`build.resolve_device` picks it): it becomes this process's device.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        if device.index is None:
+            raise ValueError(f"init_from_env needs a CUDA device with its index, got {str(device)!r}")
+        torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or is_distributed():
         return False
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    if device_type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     return True
+
+
+def gpu_uuid(index: int) -> str:
+    """The UUID of CUDA device `index` in this process's numbering (what the start-up check compares)."""
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def gather_objects(obj) -> list:
+    """`obj` of every rank, in rank order (`[obj]` without a process group)."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _device() -> torch.device:

@@ -1,17 +1,19 @@
 """Scoring a rollout batch: rewards -> shaping -> advantages -> samples, and the batch's metric sums.
 
-Pure functions of the completions and the config (docs/math.md §4): no model, no sampling, no process
-group. The rollout stage (`stages.collect`) calls them in order and does the cross-rank sums in between:
+Pure functions of the completions and the few settings they read, a `ScoringSettings` built once from the run's
+config (docs/math.md §4): no model, no sampling, no process group. The rollout stage (`stages.score_batch`) calls
+them in order and does the cross-rank sums in between:
 
-    scores = score(reward, texts, golds, lengths, config)
+    scores = score(reward, texts, golds, lengths, settings)
     batch_std = std_from_moments(*all_reduce(reward_moments(scores.total)))   # only for "batch-std"
-    adv, flat = advantages(scores.total, config, batch_std)
-    samples = to_samples(completions, adv, flat, config)
+    adv, flat = advantages(scores.total, settings, batch_std)
+    samples = to_samples(completions, adv, flat, settings)
     metrics = rollout_metrics(all_reduce(rollout_sums(...)), all_reduce_max(max length))
 
 Completions arrive grouped: rows [g*G, (g+1)*G) are the G samples of prompt g.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -24,36 +26,55 @@ from .batching import Sample
 
 
 @dataclass(frozen=True)
+class ScoringSettings:
+    """What scoring reads of the run's config; `from_config` builds it once per run."""
+
+    group_size: int  # G: completions [g*G, (g+1)*G) answer prompt g
+    max_completion_length: int  # the overlong penalty's limit
+    length_penalty: float = 0.0  # weight of the Kimi k1.5 length penalty (0 = off)
+    overlong_buffer: int = 0  # DAPO soft overlong penalty over the last N tokens (0 = off)
+    advantage_scale: str = "std"  # "std", "batch-std" or "none"
+    filter_zero_std: bool = False  # drop groups whose rewards are all equal
+    mask_truncated: bool = False  # truncated completions leave the loss
+    thinking_budget: int = 0  # > 0: the batch's sums count the completions the budget cut
+
+    @classmethod
+    def from_config(cls, config) -> "ScoringSettings":
+        """The settings of a `TrainConfig` (fields of the same names)."""
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
 class Scores:
     total: torch.Tensor  # [N] float64: the combined reward plus any length / overlong shaping
     correct: list[float]  # [N] the accuracy reward (0 or 1), also when accuracy is not a reward term
     per_fn: dict[str, list[float]]  # reward name -> [N] unweighted values of that term
 
 
-def shaped_rewards(scores, correct: list[float], lengths: list[int], config) -> torch.Tensor:
+def shaped_rewards(scores, correct: list[float], lengths: list[int], settings: ScoringSettings) -> torch.Tensor:
     """The combined reward plus the optional length (Kimi k1.5, per group) and overlong (DAPO) terms."""
-    G = config.group_size
+    G = settings.group_size
     total = torch.tensor(scores.total, dtype=torch.float64)
-    if config.length_penalty:
+    if settings.length_penalty:
         for start in range(0, len(lengths), G):
             sl = slice(start, start + G)
             pen = length_penalty(lengths[sl], [c > 0.5 for c in correct[sl]])
-            total[sl] += config.length_penalty * torch.tensor(pen, dtype=torch.float64)
-    if config.overlong_buffer:
-        pen = [overlong_penalty(n, config.max_completion_length, config.overlong_buffer) for n in lengths]
+            total[sl] += settings.length_penalty * torch.tensor(pen, dtype=torch.float64)
+    if settings.overlong_buffer:
+        pen = [overlong_penalty(n, settings.max_completion_length, settings.overlong_buffer) for n in lengths]
         total += torch.tensor(pen, dtype=torch.float64)
     return total
 
 
-def score(reward, texts: list[str], golds: list[str], lengths: list[int], config) -> Scores:
+def score(reward, texts: list[str], golds: list[str], lengths: list[int], settings: ScoringSettings) -> Scores:
     """Score N = groups * G completion texts against their gold answers; `lengths` are their token counts."""
     if not len(texts) == len(golds) == len(lengths):
         raise ValueError(f"{len(texts)} texts, {len(golds)} gold answers and {len(lengths)} lengths must match")
-    if len(texts) % config.group_size:
-        raise ValueError(f"{len(texts)} completions do not split into groups of {config.group_size}")
+    if len(texts) % settings.group_size:
+        raise ValueError(f"{len(texts)} completions do not split into groups of {settings.group_size}")
     scores = reward.score(texts, golds)
     correct = scores.per_fn["accuracy"] if "accuracy" in scores.per_fn else batch_accuracy_reward(texts, golds)
-    total = shaped_rewards(scores, correct, lengths, config)
+    total = shaped_rewards(scores, correct, lengths, settings)
     return Scores(total, list(correct), dict(scores.per_fn))
 
 
@@ -67,23 +88,24 @@ def std_from_moments(n: float, s: float, s2: float) -> float:
     return math.sqrt(max(s2 - s * s / n, 0.0) / max(n - 1, 1))
 
 
-def advantages(total: torch.Tensor, config, batch_std: float | None = None) -> tuple[list[float], torch.Tensor]:
+def advantages(total: torch.Tensor, settings: ScoringSettings, batch_std: float | None = None
+               ) -> tuple[list[float], torch.Tensor]:  # fmt: skip
     """Per-completion advantages `[N]` and the `[N // G]` bool mask of zero-variance groups."""
-    adv = group_advantages(total, config.group_size, config.advantage_scale, batch_std=batch_std).tolist()
-    return adv, zero_std_groups(total, config.group_size)
+    adv = group_advantages(total, settings.group_size, settings.advantage_scale, batch_std=batch_std).tolist()
+    return adv, zero_std_groups(total, settings.group_size)
 
 
-def to_samples(completions, adv: list[float], flat: torch.Tensor, config) -> list[Sample]:
+def to_samples(completions, adv: list[float], flat: torch.Tensor, settings: ScoringSettings) -> list[Sample]:
     """Training samples: zero-variance groups dropped if `filter_zero_std`; truncated ones masked if asked.
 
     Tokens an engine inserted (the thinking budget's sentence and marker) get token mask 0: the policy did
     not sample them, so they carry no loss and no importance ratio.
     """
-    G = config.group_size
-    drop = flat.repeat_interleave(G).tolist() if config.filter_zero_std else [False] * len(completions)
+    G = settings.group_size
+    drop = flat.repeat_interleave(G).tolist() if settings.filter_zero_std else [False] * len(completions)
     kept = [(c, a) for c, a, d in zip(completions, adv, drop) if not d]
     return [
-        Sample(c.prompt_ids, c.completion_ids, a, not (config.mask_truncated and c.truncated),
+        Sample(c.prompt_ids, c.completion_ids, a, not (settings.mask_truncated and c.truncated),
                rollout_logprobs=c.logprobs, token_mask=sampled_mask(c), kept=c.kept)
         for c, a in kept
     ]  # fmt: skip
@@ -98,16 +120,17 @@ def sampled_mask(completion) -> list[float] | None:
     return [1.0] * start + [0.0] * (end - start) + [1.0] * (n - end)
 
 
-def rollout_sums(completions, prompt_lengths: list[int], scores: Scores, flat: torch.Tensor, config) -> dict:
+def rollout_sums(completions, prompt_lengths: list[int], scores: Scores, flat: torch.Tensor,
+                 settings: ScoringSettings) -> dict:  # fmt: skip
     """This rank's additive statistics of the batch; `rollout_metrics` turns their global sums into means."""
     lengths = [len(c.completion_ids) for c in completions]
     return {
         "n": len(completions), "reward": float(scores.total.sum()), "reward_sq": float((scores.total**2).sum()),
         "correct": sum(scores.correct), "flat_groups": float(flat.sum()), "groups": len(prompt_lengths),
         "length": sum(lengths), "truncated": sum(c.truncated for c in completions),
-        "prompt_tokens": sum(prompt_lengths) * config.group_size,
+        "prompt_tokens": sum(prompt_lengths) * settings.group_size,
         **{f"reward_{k}_mean": sum(v) for k, v in scores.per_fn.items()},
-        **(_thinking_sums(completions) if config.thinking_budget else {}),
+        **(_thinking_sums(completions) if settings.thinking_budget else {}),
     }  # fmt: skip
 
 

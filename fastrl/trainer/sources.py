@@ -17,7 +17,7 @@ from . import distributed as dist_utils
 from .build import Run
 from .config import TrainConfig
 from .rollout import make_engine
-from .stages import Batch, attach_logprobs, collect
+from .stages import Batch, CollectSettings, attach_logprobs, collect
 
 
 class SyncSource:
@@ -25,6 +25,7 @@ class SyncSource:
 
     def __init__(self, run: Run, config: TrainConfig, reward):
         self.run, self.config, self.reward = run, config, reward
+        self.settings = CollectSettings.from_config(config)
         self.engine = make_engine(config.engine, run.model, run.tokenizer, config)
         self.engine.sync_weights(run.model)  # vLLM loaded config.model from disk; these may be warmed up or resumed
 
@@ -33,7 +34,7 @@ class SyncSource:
         start = run.stream.position
         problems = dist_utils.shard(run.stream.next_batch(self.config.prompts_per_step), run.sp.dp_size, run.sp.dp_rank)
         prompt_ids = dist_utils.shard(list(range(start, run.stream.position)), run.sp.dp_size, run.sp.dp_rank)
-        samples, rollout = collect(self.engine, run.tokenizer, problems, self.config, self.reward, run.sp, prompt_ids)
+        samples, rollout = collect(self.engine, run.tokenizer, problems, self.settings, self.reward, run.sp, prompt_ids)
         attach_logprobs(run, samples, old=self.config.needs_old_logprobs)
         return Batch(samples, rollout, time.time() - t0)
 

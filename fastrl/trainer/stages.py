@@ -2,7 +2,8 @@
 loop in `trainer.py` call them in order:
 
 Batch            one rollout batch of this rank (what a batch source gives the loop)
-collect          sample G completions per prompt, then score_batch: scores, advantages (`scoring.py`), sums
+collect          sample G completions per prompt, then score_batch: scores, advantages (`scoring.py`), sums; each
+                 takes the few settings it reads (`CollectSettings`, `scoring.ScoringSettings`), built once per run
 attach_logprobs  the current policy's log-probs (several steps per batch) and the reference's (beta > 0)
 minibatches      the optimizer steps' sample indices: ppo_epochs passes, each shuffled and split
 optimizer_step   one fused-loss update (`update.train_step`) and the LR schedule step
@@ -36,7 +37,24 @@ class Batch:
     groups: list | None = None  # the asynchronous source's admitted groups (rank 0), else None
 
 
-def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, reward, sp: SequenceParallel | None = None,
+@dataclass(frozen=True)
+class CollectSettings:
+    """What `collect` reads of the run's config; `from_config` builds it once per run."""
+
+    prompt_template: str  # the user message; {prompt} is the question
+    chat_template: bool  # wrap the prompt with the tokenizer's chat template
+    max_prompt_length: int  # prompts are left-truncated to this many tokens
+    want_logprobs: bool  # the sampler's log-probs of each token (the IS correction needs them)
+    scoring: scoring.ScoringSettings
+
+    @classmethod
+    def from_config(cls, config: TrainConfig) -> "CollectSettings":
+        return cls(config.prompt_template, config.chat_template, config.max_prompt_length,
+                   config.loss.is_cap is not None, scoring.ScoringSettings.from_config(config))  # fmt: skip
+
+
+def collect(engine: RolloutEngine, tokenizer, problems, settings: CollectSettings, reward,
+            sp: SequenceParallel | None = None,
             prompt_ids: list[int] | None = None) -> tuple[list[Sample], dict]:  # fmt: skip
     """Sample G completions per problem, score them, compute advantages; samples + rollout metrics.
 
@@ -45,34 +63,34 @@ def collect(engine: RolloutEngine, tokenizer, problems, config: TrainConfig, rew
     the same rollouts, which must count once.
     """
     prompts = [
-        build_prompt(tokenizer, p.prompt, config.prompt_template, config.chat_template, config.max_prompt_length)
+        build_prompt(tokenizer, p.prompt, settings.prompt_template, settings.chat_template, settings.max_prompt_length)
         for p in problems
     ]
     seeded = {"prompt_ids": prompt_ids} if prompt_ids is not None and getattr(engine, "seeded", False) else {}
-    comps = engine.generate(prompts, config.group_size, want_logprobs=config.loss.is_cap is not None, **seeded)
-    return score_batch(comps, problems, config, reward, tokenizer, sp)
+    comps = engine.generate(prompts, settings.scoring.group_size, want_logprobs=settings.want_logprobs, **seeded)
+    return score_batch(comps, problems, settings.scoring, reward, tokenizer, sp)
 
 
-def score_batch(comps, problems, config: TrainConfig, reward, tokenizer, sp: SequenceParallel | None = None
-                ) -> tuple[list[Sample], dict]:  # fmt: skip
+def score_batch(comps, problems, settings: scoring.ScoringSettings, reward, tokenizer,
+                sp: SequenceParallel | None = None) -> tuple[list[Sample], dict]:  # fmt: skip
     """Scores, advantages, samples and the rollout metrics (summed over the data-parallel ranks) of G completions
     per problem, grouped: completions [i*G : (i+1)*G] answer problems[i]."""
     group = None if sp is None else sp.dp_group
-    G = config.group_size
+    G = settings.group_size
     texts = [tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in comps]
     golds = [p.answer for p in problems for _ in range(G)]
     lengths = [len(c.completion_ids) for c in comps]
-    scores = scoring.score(reward, texts, golds, lengths, config)
+    scores = scoring.score(reward, texts, golds, lengths, settings)
     batch_std = None
-    if config.advantage_scale == "batch-std":  # the std over all ranks' rewards
+    if settings.advantage_scale == "batch-std":  # the std over all ranks' rewards
         moments = dist_utils.all_reduce_sum_list(scoring.reward_moments(scores.total), group)
         batch_std = scoring.std_from_moments(*moments)
-    adv, flat = scoring.advantages(scores.total, config, batch_std)
-    samples = scoring.to_samples(comps, adv, flat, config)
+    adv, flat = scoring.advantages(scores.total, settings, batch_std)
+    samples = scoring.to_samples(comps, adv, flat, settings)
     if sp is not None:
         check_same_rollouts(samples, sp)
     prompt_lengths = [len(comps[i * G].prompt_ids) for i in range(len(problems))]
-    local = scoring.rollout_sums(comps, prompt_lengths, scores, flat, config)
+    local = scoring.rollout_sums(comps, prompt_lengths, scores, flat, settings)
     sums = dict(zip(local, dist_utils.all_reduce_sum_list([float(v) for v in local.values()], group)))
     return samples, scoring.rollout_metrics(sums, dist_utils.all_reduce_max(float(max(lengths, default=0)), group))
 

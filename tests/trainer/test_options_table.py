@@ -1,9 +1,12 @@
 """docs/trainer.md's table of option pairs against the validator: a refused pair is refused with an error naming
-both options, a pair that works or is untested is accepted, and a working pair's test exists."""
+both options, a pair that works or is untested is accepted, and a working pair's test exists; a pair credited to the
+launch of every option at once is on in that launch, which plants a bug for each of its options."""
 
+import importlib
 import itertools
 import os
 import re
+import sys
 
 import pytest
 
@@ -34,6 +37,20 @@ OPTIONS = {
     ),
 }
 VALUES_OF_ONE = {frozenset(("async K=0", "async K>=1"))}
+LAUNCH = "tests/distributed/test_options_together.py::test_every_option_at_once_takes_the_one_process_steps"
+# whether an option is on in a launch: its config and its world size
+ON = {
+    "replay": lambda c, world: c.sampler_replay == "on" and (c.top_p < 1 or c.top_k > 0),
+    "sequence parallel": lambda c, world: c.sequence_parallel > 1,
+    "fsdp": lambda c, world: c.fsdp,
+    "data parallel": lambda c, world: world // c.sequence_parallel > 1,
+    "thinking budget": lambda c, world: c.thinking_budget > 0,
+    "steps": lambda c, world: c.ppo_epochs * c.minibatches > 1,
+    "checkpointing": lambda c, world: c.gradient_checkpointing,
+    "packing": lambda c, world: c.packing == "on",
+    "beta": lambda c, world: c.loss.beta > 0,
+    "is_cap": lambda c, world: c.loss.is_cap is not None,
+}
 
 
 def table_rows() -> list[tuple[str, str, str, str]]:
@@ -77,6 +94,20 @@ def test_the_table_and_the_validator_agree(row):
         path, _, name = where.partition("::")
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             assert re.search(rf"^def {re.escape(name)}\(", f.read(), re.M), where
+
+
+def test_the_launch_turns_on_and_plants_each_option_it_is_credited_with():
+    sys.path.insert(0, os.path.join(ROOT, "tests", "distributed"))
+    try:
+        launch = importlib.import_module("test_options_together")
+    finally:
+        sys.path.pop(0)
+    config = launch.config("unused", **launch.LAUNCH)
+    credited = {option for row in table_rows() if row[3] == LAUNCH for option in row[:2]}
+    assert credited, "no pair names the launch"
+    for option in sorted(credited):
+        assert option in ON and ON[option](config, launch.WORLD), f"the table credits the launch with {option}"
+        assert option in launch.PLANTS, f"the launch plants no bug in {option}"
 
 
 def test_check_world_refuses_a_world_the_config_cannot_split():

@@ -2,7 +2,8 @@
 
 `--rollout-gpus 6,7` names physical GPU ids (the namespace `CUDA_VISIBLE_DEVICES` uses). The rollout process
 gets exactly those GPUs: its `CUDA_VISIBLE_DEVICES` is set to them before vLLM starts, and vLLM runs tensor
-parallel over all of them. The trainer's local ranks take the launcher's other visible GPUs in order. Device
+parallel over all of them. The trainer's local ranks take the launcher's other visible GPUs in order (`place_rank`;
+without rollout GPUs, local rank r takes device r). Device
 indices are the only thing two processes can disagree on (each process numbers its visible GPUs from 0), so the
 start-up check that no trainer rank sits on a rollout GPU compares GPU UUIDs, gathered from every rank.
 
@@ -111,6 +112,36 @@ def plan_rollout(rollout_gpus: str, device_type: str, visible: Sequence[int], lo
     return plan_devices(ids, visible, local_world_size, async_staleness=async_staleness, device_type=device_type)
 
 
+@dataclass(frozen=True)
+class RankPlacement:
+    device: int  # this trainer rank's CUDA device index, in the launcher's numbering
+    rollout: tuple[int, ...]  # the rollout GPUs' indices in the same numbering (empty: no GPUs of their own)
+
+
+def place_rank(local_rank: int, local_world_size: int, visible: Sequence[int], rollout_gpus: str = "",
+               async_staleness: int = -1) -> RankPlacement:  # fmt: skip
+    """This trainer rank's GPU: its local rank's without `rollout_gpus` ("6,7"), else `plan_devices`' for it, so no
+    trainer rank sits on a rollout GPU.
+
+    Args:
+        local_rank: this rank's index on its node (torchrun's LOCAL_RANK).
+        local_world_size: trainer ranks on the node (LOCAL_WORLD_SIZE).
+        visible: the launcher's visible GPUs as physical ids, in its order (`visible_gpu_ids`).
+        rollout_gpus: the `rollout_gpus` setting, "" when the rollout process has no GPUs of its own.
+        async_staleness: the trainer's K (< 0: synchronous).
+    """
+    if not 0 <= local_rank < local_world_size:
+        raise ValueError(f"local rank {local_rank} is outside the node's {local_world_size} trainer ranks")
+    if not rollout_gpus:
+        if local_rank >= len(visible):
+            raise ValueError(f"local rank {local_rank} has no GPU: {len(visible)} visible "
+                             f"({','.join(map(str, visible)) or 'none'})")  # fmt: skip
+        return RankPlacement(local_rank, ())
+    ids = parse_gpu_ids(rollout_gpus)
+    plan = plan_devices(ids, visible, local_world_size, async_staleness=async_staleness, device_type="cuda")
+    return RankPlacement(plan.trainer_devices[local_rank], tuple(list(visible).index(g) for g in ids))
+
+
 def check_rank_uuids(rank_uuids: Sequence[str], rollout_uuids: Sequence[str]) -> None:
     """Refuse a trainer rank whose GPU (by UUID, gathered from every rank) is one of the rollout GPUs.
 
@@ -122,7 +153,8 @@ def check_rank_uuids(rank_uuids: Sequence[str], rollout_uuids: Sequence[str]) ->
     for rank, uuid in enumerate(rank_uuids):
         if uuid in taken:
             raise ValueError(f"trainer rank {rank} uses GPU {uuid}, which --rollout-gpus gives to the rollout "
-                             "process: set CUDA_VISIBLE_DEVICES so the trainer ranks see the other GPUs")  # fmt: skip
+                             f"process (its GPUs: {', '.join(rollout_uuids)}): set CUDA_VISIBLE_DEVICES so the "
+                             "trainer ranks see the other GPUs")  # fmt: skip
     seen: dict[str, int] = {}
     for rank, uuid in enumerate(rank_uuids):
         if uuid in seen:
