@@ -28,16 +28,6 @@ def missing(dry_run: bool) -> str | None:
     spec = importlib.util.find_spec("vllm")
     if spec is None or spec.origin is None:
         return "vLLM is not installed (pip install 'fastrl[vllm]')"
-    from fastrl.trainer.rollout.devices import weight_backend
-
-    try:
-        backend = weight_backend("cuda", ())
-    except ValueError as e:
-        return (f"the trainer refuses colocated asynchronous rollouts on CUDA ({e}); fastrl/trainer/rollout/devices.py"
-                f"'s weight_backend must return 'ipc' for CUDA without rollout GPUs (the ipc sender is built: "
-                f"rollout/ipc_weights.py)")  # fmt: skip
-    if backend != "ipc":
-        return f"devices.weight_backend('cuda', ()) is {backend!r}, not the colocated 'ipc' engine"
     return None
 
 

@@ -10,7 +10,7 @@ timeline and the prompt ids of the batch. A resumed run re-queues what was in fl
 Devices: on the CPU the rollout process shares the machine and the weights go through shared memory. On CUDA it
 runs on GPUs of its own (the `rollout_gpus` setting, `rollout/devices.py`): it sees only them, tensor parallel
 over all of them; every trainer rank checks by UUID that its GPU is none of them; the weights go over vLLM's
-`nccl` engine, rank 0 the sender. CUDA without rollout GPUs (where `rollout/devices.weight_backend` allows it): the
+`nccl` engine, rank 0 the sender. CUDA without rollout GPUs (`rollout/devices.weight_backend`): the
 rollout process shares trainer rank 0's GPU and the weights go over vLLM's `ipc` engine (`rollout/ipc_weights.py`),
 every rank taking part in each push (vLLM's engine gathers the handles over all ranks), rank 0 the sender.
 """

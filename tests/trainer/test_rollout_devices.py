@@ -130,6 +130,7 @@ def test_plan_and_uuid_check_agree_on_a_real_layout():
     [
         pytest.param("cpu", (), "fastrl_shm", id="cpu"),
         pytest.param("cuda", (6, 7), "nccl", id="cuda-dedicated"),
+        pytest.param("cuda", (), "ipc", id="cuda-colocated"),
     ],
 )
 def test_weight_backend(device_type, rollout, expected):
@@ -139,7 +140,6 @@ def test_weight_backend(device_type, rollout, expected):
 @pytest.mark.parametrize(
     "device_type, rollout, match",
     [
-        pytest.param("cuda", (), "on CUDA need --rollout-gpus", id="cuda-colocated"),
         pytest.param("cpu", (6,), "--rollout-gpus 6 needs the trainer on CUDA", id="cpu-with-gpus"),
         pytest.param("mps", (), "device type 'mps'", id="mps"),
     ],

@@ -166,19 +166,16 @@ def weight_backend(device_type: str, rollout_gpus: Sequence[int]) -> str:
     """vLLM's weight-transfer engine for the asynchronous rollout process.
 
     CPU: fastrl's shared-memory engine. CUDA with rollout GPUs of their own: `nccl` (trainer rank 0 the
-    sender). CUDA without them: refused. The shared-memory engine would copy a full state dict CUDA -> /dev/shm ->
-    CUDA, so it is never used for CUDA tensors; the colocated route is vLLM's `ipc` engine (CUDA IPC handles, as
-    vLLM's colocated RL example does), which no fastrl sender drives yet.
+    sender). CUDA without them: `ipc`, the rollout process on trainer rank 0's GPU (CUDA IPC handles, as vLLM's
+    colocated RL example does; `ipc_weights.IpcWeightPush`). The shared-memory engine would copy a full state dict
+    CUDA -> /dev/shm -> CUDA, so it is never used for CUDA tensors.
     """
     if device_type == "cpu":
         if rollout_gpus:
             raise ValueError(f"--rollout-gpus {','.join(map(str, rollout_gpus))} needs the trainer on CUDA")
         return "fastrl_shm"
     if device_type == "cuda":
-        if not rollout_gpus:
-            raise ValueError("asynchronous rollouts on CUDA need --rollout-gpus (GPUs of the rollout process's own, "
-                             "weights over NCCL); colocated on the trainer's GPU they are not supported")  # fmt: skip
-        return "nccl"
+        return "nccl" if rollout_gpus else "ipc"
     raise ValueError(f"no weight-transfer engine for device type {device_type!r}; use 'cpu' or 'cuda'")
 
 
