@@ -1,9 +1,6 @@
-import json
 import os
 import pathlib
 import subprocess
-import sys
-import time
 
 # The Triton kernels run on CPU tensors through the interpreter; this must be set before triton loads.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -48,40 +45,3 @@ def rowwise_dot(monkeypatch):
         return np.concatenate([matmul(a[i : i + 1], b, **kw) for i in range(a.shape[0])])
 
     monkeypatch.setattr(np, "matmul", rowwise)
-
-
-@pytest.fixture(scope="session")
-def offline_builds():
-    """A runner of the `compile_*_kernels.py` scripts, which build kernels for GPU targets without a GPU: `run(script,
-    plan, timeout_s)` splits the plan (a JSON list the script takes as its argument) between two processes that build
-    side by side with TRITON_INTERPRET=0, and returns the JSON rows both printed. A failed or late process fails."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-
-    def run(script, plan: list, timeout_s: float) -> list[dict]:
-        deadline = time.monotonic() + timeout_s
-        parts = [plan[i::2] for i in range(2) if plan[i::2]]
-        procs = [
-            subprocess.Popen(
-                [sys.executable, str(script), json.dumps(part)],
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )  # fmt: skip
-            for part in parts
-        ]
-        rows = []
-        try:
-            for proc in procs:
-                out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
-                assert proc.returncode == 0, f"{script.name} failed: {err[-4000:]}"
-                rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(timeout=60)
-        return rows
-
-    return run

@@ -1,11 +1,15 @@
 """Every shipped kernel config compiles for sm_80 and sm_90 with no register spills and tensor-core MMAs.
 
-No GPU needed: `compile_logprob_kernels.py` runs `triton.compile` against a `GPUTarget` in two subprocesses with
+No GPU needed: `compile_logprob_kernels.py` runs `triton.compile` against a `GPUTarget` in a subprocess with
 TRITON_INTERPRET=0 (this session's kernels are interpreter objects) and runs ptxas -v on the PTX.
 Every config (default and autotune candidates) is built for its target in bf16; the defaults in fp16 too, and
 with every combination of the sampled-distribution features and int64 arguments (see `_variants`).
 """
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ import pytest
 from fastrl.kernels import configs
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
 # Shared memory one block may use: 163 KiB on sm_80 (A100), 227 KiB on sm_90 (H100/H200).
 SHARED_LIMIT = {80: 166912, 90: 232448}
 
@@ -73,11 +78,15 @@ def _compile_api_missing() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def builds(offline_builds):
+def builds():
     missing = _compile_api_missing()
     if missing:
         pytest.fail(missing)  # the test extra installs a triton that has it: never skip
-    rows = offline_builds(HERE / "compile_logprob_kernels.py", PLAN, timeout_s=1800)
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, str(HERE / "compile_logprob_kernels.py"), json.dumps(PLAN)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return {(r["kernel"], r["config"], r["arch"], r["dtype"], r["variant"]): r for r in rows}
 
 
