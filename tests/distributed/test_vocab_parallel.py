@@ -139,17 +139,36 @@ def test_process_group_needs_torch_distributed():
         token_logprobs(hidden, weight, targets, process_group=object())
 
 
+ROWS = [(c, c[0], None) for c in CASES] + [(CAP_CASE, "cap", CAP)]  # (case, key, softcap)
+
+
+@pytest.fixture(scope="module")
+def unsharded() -> dict:
+    """The single-process results every world and rank is compared with, computed once."""
+    want = {}
+    for impl in IMPLS:
+        for case, key, cap in ROWS:
+            hidden, weight, bias, targets, gl, ge = inputs(case)
+            want[impl, key, "logprobs"] = run_logprobs(case, impl, hidden, weight, bias, targets, gl, ge, softcap=cap)
+            want[impl, key, "loss"] = run_loss(impl, hidden, weight, bias, targets, softcap=cap)
+    hidden, weight, bias, targets, gl, ge = inputs(CASES[0])
+    w = weight.clone().requires_grad_()
+    logp = token_logprobs(hidden, w, targets, temperature=0.7, impl="torch")
+    (logp * gl).sum().backward()
+    want["dtensor"] = (logp.detach(), w.grad)
+    return want
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 4])
-def test_vocab_parallel_equals_unsharded(world, tmp_path):
+def test_vocab_parallel_equals_unsharded(world, tmp_path, unsharded):
     spawn(_worker, world, tmp_path, str(tmp_path))
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         for impl in IMPLS:
-            for case, key, cap in [(c, c[0], None) for c in CASES] + [(CAP_CASE, "cap", CAP)]:
-                hidden, weight, bias, targets, gl, ge = inputs(case)
-                want = run_logprobs(case, impl, hidden, weight, bias, targets, gl, ge, softcap=cap)
+            for _, key, _ in ROWS:
+                want = unsharded[impl, key, "logprobs"]
                 have = got[impl, key, "logprobs"]
                 tag = f"P{world} rank {rank} {impl} {key}"
                 for name, a, b in zip(("logp", "entropy", "d_hidden"), have[:3], want[:3]):
@@ -157,14 +176,11 @@ def test_vocab_parallel_equals_unsharded(world, tmp_path):
                 _close(have[3], want[3].tensor_split(world)[rank], f"{tag} d_weight rows")
                 _close(have[4], None if want[4] is None else want[4].tensor_split(world)[rank], f"{tag} d_bias rows")
                 loss, d_h, d_w, d_b = got[impl, key, "loss"]
-                w_loss, w_h, w_w, w_b = run_loss(impl, hidden, weight, bias, targets, softcap=cap)
+                w_loss, w_h, w_w, w_b = unsharded[impl, key, "loss"]
                 _close(loss, w_loss, f"{tag} loss")
                 _close(d_h, w_h, f"{tag} loss d_hidden")
                 _close(d_w, w_w.tensor_split(world)[rank], f"{tag} loss d_weight rows")
                 _close(d_b, None if w_b is None else w_b.tensor_split(world)[rank], f"{tag} loss d_bias rows")
-        hidden, weight, bias, targets, gl, ge = inputs(CASES[0])
-        w = weight.clone().requires_grad_()
-        logp = token_logprobs(hidden, w, targets, temperature=0.7, impl="torch")
-        (logp * gl).sum().backward()
-        _close(got["dtensor"][0], logp.detach(), f"P{world} DTensor logp")
-        _close(got["dtensor"][1], w.grad, f"P{world} DTensor d_weight")
+        logp, d_weight = unsharded["dtensor"]
+        _close(got["dtensor"][0], logp, f"P{world} DTensor logp")
+        _close(got["dtensor"][1], d_weight, f"P{world} DTensor d_weight")

@@ -1,8 +1,9 @@
 """`FastRLGRPOTrainer` against TRL's real `GRPOTrainer` on 2 CPU processes (accelerate's MULTI_CPU, gloo).
 
-Each case launches `trl_dist_worker.py` under `torch.distributed.run`; both trainers train 3 optimizer steps
-(gradient accumulation 2) from one seed, each rank on its own prompts, so the ranks score different numbers of
-completion tokens. After training, each trainer's parameters are identical on both ranks, fastrl's equal stock's
+One launch of `trl_dist_worker.py` under `torch.distributed.run` (a module fixture) runs every case of every
+engine in turn, and each case is then checked by its own test. Both trainers train 3 optimizer
+steps (gradient accumulation 2) from one seed, each rank on its own prompts, so the ranks score different numbers
+of completion tokens. After training, each trainer's parameters are identical on both ranks, fastrl's equal stock's
 (fp32, within 1e-5 of the update), every logged metric equals stock's, and so does every log-prob tensor the
 trainer computed (the old / reference passes and the training forwards).
 """
@@ -25,20 +26,27 @@ V = 64  # the harness model's vocabulary
 TIMEOUT_S = 900
 
 
-def launch(tmp_path, spec: dict) -> dict:
-    """Run the worker on 2 ranks; return {trainer: [rank 0 result, rank 1 result]}."""
-    spec = {"trainers": ["stock", "fastrl"], **spec, "out": str(tmp_path)}
-    spec_path = tmp_path / "spec.json"
+TRAINERS = ("stock", "fastrl")
+
+
+def launch(out, rows: list):
+    """Run the worker on 2 ranks over `rows` (dicts with a "name"); return `out`, where each row's results lie."""
+    spec = {"rows": rows, "trainers": TRAINERS, "out": str(out)}
+    spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(spec))
     root = str(HERE.parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
-    proc = subprocess.run(
-        [*cmd, str(spec_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
-    return {kind: [torch.load(tmp_path / f"{kind}-rank{r}.pt") for r in (0, 1)] for kind in spec["trainers"]}
+    proc = subprocess.run([*cmd, str(spec_path)], cwd=out, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    started = [line for line in proc.stdout.splitlines() if line.startswith("row ")]  # the row that failed is last
+    assert proc.returncode == 0, f"{started[-1:]}: {proc.stdout[-2000:]}{proc.stderr[-6000:]}"
+    return out
+
+
+def row_results(out, name: str) -> dict:
+    """{trainer: [rank 0 result, rank 1 result]} of one row of a launch."""
+    return {kind: [torch.load(out / name / f"{kind}-rank{r}.pt") for r in (0, 1)] for kind in TRAINERS}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -94,36 +102,34 @@ def _base(spec):
     return {n: p.detach() for n, p in h.model(tie=spec.get("tie", False)).named_parameters()}
 
 
-DDP_CASES = [
-    pytest.param(dict(loss_type="dapo", beta=0.1, steps_per_generation=4), id="dapo-kl-off-policy"),
-    pytest.param(dict(loss_type="grpo", entropy_coef=0.01, steps_per_generation=2), id="grpo-entropy-on-policy"),
-]
+DDP_CASES = {
+    "dapo-kl-off-policy": dict(loss_type="dapo", beta=0.1, steps_per_generation=4),
+    "grpo-entropy-on-policy": dict(loss_type="grpo", entropy_coef=0.01, steps_per_generation=2),
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", DDP_CASES)
-def test_ddp_two_ranks_match_stock(tmp_path, saved_model, overrides):
-    spec = {"engine": "ddp", "model_path": saved_model, "overrides": {"learning_rate": 0.5, **overrides}}
-    compare(launch(tmp_path, spec), _base(spec))
+@pytest.mark.parametrize("case", list(DDP_CASES))
+def test_ddp_two_ranks_match_stock(launched, case):
+    compare(row_results(launched, f"ddp-{case}"), _base({}))
 
 
-FSDP2_CASES = [
-    pytest.param(dict(tie=False), id="untied-head-with-final-norm"),
-    pytest.param(dict(tie=True), id="tied-head"),
-    pytest.param(dict(tie=False, head_unit=True), id="untied-head-own-unit"),
-]
+FSDP2_CASES = {
+    "untied-head-with-final-norm": dict(tie=False),
+    "tied-head": dict(tie=True),
+    "untied-head-own-unit": dict(tie=False, head_unit=True),
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", FSDP2_CASES)
-def test_fsdp2_two_ranks_match_stock(tmp_path, layout):
+@pytest.mark.parametrize("case", list(FSDP2_CASES))
+def test_fsdp2_two_ranks_match_stock(launched, case):
     """accelerate's FSDP2 layout on CPU (see trl_dist_worker.allow_fsdp_on_cpu). With the head in the final norm's
     unit FSDP has unsharded it when the fused forward reads it; as its own unit the head is a sharded DTensor and
     both TRL and fastrl all-gather it exactly once per scoring call."""
-    overrides = {"learning_rate": 0.5, "loss_type": "dapo", "steps_per_generation": 4}
-    spec = {"engine": "fsdp2", **layout, "overrides": overrides}
-    results = launch(tmp_path, spec)
-    compare(results, _base(spec))
+    layout = FSDP2_CASES[case]
+    results = row_results(launched, f"fsdp2-{case}")
+    compare(results, _base(layout))
     for kind, ranks in results.items():
         for r in ranks:
             # scoring inside the training step reads the sharded head; generation (TRL unwraps the model to the full
@@ -140,17 +146,18 @@ def test_fsdp2_two_ranks_match_stock(tmp_path, layout):
                 assert gathers == (forwards if sharded_inside else 0), (kind, calls)
 
 
+HEAD_TOKENS = [48, 0]  # the head-only row: rank 0 scores 48 completion tokens, rank 1 none
+
+
 @pytest.mark.slow
-def test_zero3_two_ranks_match_stock(tmp_path, saved_model):
+def test_zero3_two_ranks_match_stock(launched):
     """DeepSpeed ZeRO-3 on the CPU accelerator (DS_ACCELERATOR=cpu, gloo), every parameter partitioned (numel 0
     outside the forward), with a reference model (beta > 0) that TRL loads from the policy's path under
     `deepspeed.zero.Init`. Inside the reference engine's no-grad forwards fastrl reads that head partitioned and
     gathers it once per forward (TRL scores in chunks of rows), the same on both ranks; the policy's head DeepSpeed
     has gathered when fastrl reads it inside the engine's forward, and fastrl gathers nothing there."""
-    overrides = {"learning_rate": 0.5, "loss_type": "dapo", "steps_per_generation": 4, "beta": 0.1}
-    spec = {"engine": "zero3", "model_path": saved_model, "overrides": overrides}
-    results = launch(tmp_path, spec)
-    compare(results, _base(spec))
+    results = row_results(launched, "zero3")
+    compare(results, _base({}))
     for kind, ranks in results.items():
         assert all(name == "Parameter" and numel == 0 for name, numel in ranks[0]["head"] + ranks[1]["head"]), kind
     ours = results["fastrl"]
@@ -164,7 +171,7 @@ def test_zero3_two_ranks_match_stock(tmp_path, saved_model):
 
 
 @pytest.mark.slow
-def test_zero3_head_through_the_engine_forward(tmp_path):
+def test_zero3_head_through_the_engine_forward(launched):
     """fastrl's head on its own in a ZeRO-3 engine's training forward, as TRL calls it: rank 0 scores 48 completion
     tokens, rank 1 none. The head is empty outside the call (numel 0); reading it inside the engine's forward makes
     DeepSpeed gather it (fastrl reads it whole and gathers nothing), and logp, entropy and DeepSpeed's averaged
@@ -174,22 +181,12 @@ def test_zero3_head_through_the_engine_forward(tmp_path):
 
     from fastrl.integrations.trl import add_fastrl_lm_head
 
-    tokens = [48, 0]
-    spec = {"engine": "zero3-head", "tokens": tokens}
-    spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps({**spec, "out": str(tmp_path)}))
-    root = str(HERE.parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
-    proc = subprocess.run([*cmd, str(spec_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
-    ranks = [torch.load(tmp_path / f"zero3-head-rank{r}.pt") for r in (0, 1)]
+    ranks = [torch.load(launched / "zero3-head" / f"zero3-head-rank{r}.pt") for r in (0, 1)]
     assert [(r["outside_numel"], r["reads"], r["gathers"]) for r in ranks] == [(0, [V * 32], 0)] * 2, ranks
     model = add_fastrl_lm_head(h.model(), temperature=0.7)
     d_weight = torch.zeros_like(model.lm_head.weight)
     for rank, r in enumerate(ranks):
-        ids, labels = worker.zero3_batch(rank, tokens[rank])
+        ids, labels = worker.zero3_batch(rank, HEAD_TOKENS[rank])
         out = model(input_ids=ids, labels=labels, fused_lm_head=True)
         (out.log_probs.sum() + 0.1 * out.entropy.sum()).backward()
         torch.testing.assert_close(r["logp"], out.log_probs.detach(), rtol=FP32_TOL, atol=FP32_TOL)
@@ -198,6 +195,23 @@ def test_zero3_head_through_the_engine_forward(tmp_path):
         model.zero_grad()
     for r in ranks:
         torch.testing.assert_close(r["d_weight"], d_weight, rtol=FP32_TOL, atol=FP32_TOL)
+
+
+FSDP2_OVERRIDES = {"learning_rate": 0.5, "loss_type": "dapo", "steps_per_generation": 4}
+ZERO3_OVERRIDES = {"learning_rate": 0.5, "loss_type": "dapo", "steps_per_generation": 4, "beta": 0.1}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory, saved_model):
+    """Every case above in one launch. ZeRO-3 comes last (a trainer's ZeRO-3 config, once live, would make the later
+    rows build their models under `deepspeed.zero.Init`), its head-only row before its trainers for that reason."""
+    ddp = [{"name": f"ddp-{name}", "engine": "ddp", "model_path": saved_model,
+            "overrides": {"learning_rate": 0.5, **o}} for name, o in DDP_CASES.items()]  # fmt: skip
+    fsdp2 = [{"name": f"fsdp2-{name}", "engine": "fsdp2", **layout, "overrides": FSDP2_OVERRIDES}
+             for name, layout in FSDP2_CASES.items()]  # fmt: skip
+    zero3 = [{"name": "zero3-head", "engine": "zero3", "head": True, "tokens": HEAD_TOKENS},
+             {"name": "zero3", "engine": "zero3", "model_path": saved_model, "overrides": ZERO3_OVERRIDES}]  # fmt: skip
+    return launch(tmp_path_factory.mktemp("launch"), ddp + fsdp2 + zero3)
 
 
 class _Partitioned:

@@ -1,12 +1,15 @@
-"""One rank of a multi-process TRL GRPO run: `python -m torch.distributed.run --nproc_per_node 2 trl_dist_worker.py
+"""The ranks of multi-process TRL GRPO runs: `python -m torch.distributed.run --nproc_per_node 2 trl_dist_worker.py
 SPEC.json` (tests/integrations/test_trl_distributed.py launches it).
 
-The spec names the engine ("ddp", "fsdp2" or "zero3"; accelerate's MULTI_CPU with gloo), the trainers to run one
-after the other from the same seed ("stock" = `trl.GRPOTrainer`, "fastrl" = `FastRLGRPOTrainer`), the
-`GRPOConfig` overrides and the model (tied head or not). Each rank writes `<out>/<trainer>-rank<r>.pt`: the
-trained parameters (full tensors), the log history, every log-prob tensor the trainer computed (generation's old /
-reference passes and the training forwards, in call order) with the completion-token count of each call, how
-many times the LM head was gathered per scoring call and, under ZeRO-3, the head's numel at each of fastrl's reads.
+One launch runs the spec's rows in turn. A row names its engine ("ddp", "fsdp2" or "zero3"; accelerate's MULTI_CPU
+with gloo; a `GRPOConfig` resets accelerate's state, so each row starts its own), its `GRPOConfig` overrides and
+its model (a saved one, or a tied head or not); the spec names the trainers each row runs one after the other from
+the same seed ("stock" = `trl.GRPOTrainer`, "fastrl" = `FastRLGRPOTrainer`). A ZeRO-3 row with "head": true runs
+fastrl's head alone in a DeepSpeed engine instead (`zero3_head`). Each rank writes `<out>/<row>/<trainer>-rank<r>.pt`:
+the trained parameters (full tensors), the log history, every log-prob tensor the trainer computed (generation's
+old / reference passes and the training forwards, in call order) with the completion-token count of each call,
+how many times the LM head was gathered per scoring call and, under ZeRO-3, the head's numel at each of fastrl's
+reads. It prints `row <name>` as each row starts, so a failed launch names the row.
 """
 
 import json
@@ -119,14 +122,13 @@ def count_head_reads(record: dict) -> None:
     head.zero3_scored = counted
 
 
-def run(kind: str, spec: dict, rank: int, base) -> None:
+def run(kind: str, row: dict, rank: int, base, out: str) -> None:
     from trl import GRPOTrainer
 
     from fastrl.integrations.trl import FastRLGRPOTrainer
 
-    engine = engine_fields(spec["engine"], spec.get("head_unit", False))
-    fields = dict(optim="sgd", **engine, **spec.get("overrides", {}))
-    args = h.config(os.path.join(spec["out"], kind), **fields)
+    fields = dict(optim="sgd", **engine_fields(row["engine"], row.get("head_unit", False)), **row.get("overrides", {}))
+    args = h.config(os.path.join(out, kind), **fields)
     record = {"vocab": 64, "gathers": 0, "logps": [], "tokens": [], "gathers_per_call": [], "head": [], "reads": [],
               "reads_per_call": []}  # fmt: skip
     count_head_gathers(record)
@@ -137,7 +139,7 @@ def run(kind: str, spec: dict, rank: int, base) -> None:
         {"params": params, "logs": logs, "logps": record["logps"], "tokens": record["tokens"],
          "gathers_per_call": record["gathers_per_call"], "head": record["head"],
          "reads_per_call": record["reads_per_call"]},
-        os.path.join(spec["out"], f"{kind}-rank{rank}.pt"),
+        os.path.join(out, f"{kind}-rank{rank}.pt"),
     )  # fmt: skip
 
 
@@ -168,9 +170,9 @@ def _record(trainer, record):
     return trainer
 
 
-def zero3_head(spec: dict, rank: int) -> None:
+def zero3_head(row: dict, rank: int, out_dir: str) -> None:
     """fastrl's head on a ZeRO-3-partitioned model, called through the engine's forward as TRL calls it: rank 0
-    scores `spec["tokens"][0]` completion tokens, rank 1 `spec["tokens"][1]` (0 allowed). Writes logp, entropy,
+    scores `row["tokens"][0]` completion tokens, rank 1 `row["tokens"][1]` (0 allowed). Writes logp, entropy,
     the head's averaged d_weight (DeepSpeed's own reduction), the head's numel outside the call and the number of
     head gathers."""
     import deepspeed
@@ -178,7 +180,6 @@ def zero3_head(spec: dict, rank: int) -> None:
 
     from fastrl.integrations.trl import add_fastrl_lm_head
 
-    deepspeed.init_distributed(dist_backend="gloo")
     record = {"vocab": 64, "gathers": 0, "reads": []}
     config = {**ZERO3, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 4}
     model = h.model()
@@ -188,13 +189,13 @@ def zero3_head(spec: dict, rank: int) -> None:
     count_head_reads(record)
     weight = engine.module.lm_head.weight
     outside = weight.numel()
-    ids, labels = zero3_batch(rank, spec["tokens"][rank])
+    ids, labels = zero3_batch(rank, row["tokens"][rank])
     out = engine(input_ids=ids, labels=labels, fused_lm_head=True)
     engine.backward(out.log_probs.sum() + 0.1 * out.entropy.sum())
     torch.save(
         {"logp": out.log_probs.detach(), "entropy": out.entropy.detach(), "d_weight": safe_get_full_grad(weight),
          "gathers": record["gathers"], "outside_numel": outside, "reads": record["reads"]},
-        os.path.join(spec["out"], f"zero3-head-rank{rank}.pt"),
+        os.path.join(out_dir, f"zero3-head-rank{rank}.pt"),
     )  # fmt: skip
 
 
@@ -214,22 +215,27 @@ def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     rank = int(os.environ["RANK"])
-    if spec["engine"] == "zero3-head":
-        return zero3_head(spec, rank)
-    if spec["engine"] == "fsdp2":
-        allow_fsdp_on_cpu()
-    base = spec.get("model_path") or h.model(tie=spec.get("tie", False))
-    if spec["engine"] == "zero3" and spec.get("model_path"):
-        import deepspeed
+    allow_fsdp_on_cpu()  # acts on an FSDP plugin only
+    for row in spec["rows"]:
+        print(f"row {row['name']}", flush=True)
+        out = os.path.join(spec["out"], row["name"])
+        os.makedirs(out, exist_ok=True)
+        if row["engine"] == "zero3":
+            import deepspeed
 
-        # TRL loads the reference model from the policy's path under `deepspeed.zero.Init` (transformers does so
-        # whenever a ZeRO-3 config is alive), which needs DeepSpeed's process group (accelerate starts it on GPUs,
-        # not under MULTI_CPU). The policy is loaded here, before any config: a policy TRL itself loads under
-        # zero.Init fails stock TRL's backward on this CPU setup (a [*, 32] parameter seen with 0 columns).
-        deepspeed.init_distributed(dist_backend="gloo")
-        base = h.load(spec["model_path"])
-    for kind in spec["trainers"]:
-        run(kind, spec, rank, base)
+            # TRL loads the reference model from the policy's path under `deepspeed.zero.Init` (transformers does
+            # so whenever a ZeRO-3 config is alive), which needs DeepSpeed's process group (accelerate starts it on
+            # GPUs, not under MULTI_CPU); the head row's engine needs it too. Once started, this is a no-op.
+            deepspeed.init_distributed(dist_backend="gloo")
+        if row.get("head"):
+            zero3_head(row, rank, out)
+            continue
+        # A ZeRO-3 policy is loaded here, before any config: a policy TRL itself loads under zero.Init fails stock
+        # TRL's backward on this CPU setup (a [*, 32] parameter seen with 0 columns).
+        path = row.get("model_path")
+        base = (h.load(path) if row["engine"] == "zero3" else path) if path else h.model(tie=row.get("tie", False))
+        for kind in spec["trainers"]:
+            run(kind, row, rank, base, out)
 
 
 if __name__ == "__main__":

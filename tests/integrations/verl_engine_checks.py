@@ -243,6 +243,12 @@ def init_rank(rank, world, init_file):
 
 def worker(rank, world, init_file, paths, out_dir):
     init_rank(rank, world, init_file)
+    run_cases(rank, paths, out_dir)
+    leave()
+
+
+def run_cases(rank, paths, out_dir):
+    """Every variant on this rank, in the group `init_rank` joined; each writes `<out_dir>/<head>-<variant>-rankR`."""
     for tied, path in paths.items():
         # the mutants only on the untied head (its own FSDP unit); a tied head is read in the root unit
         for variant in ("verl", "fastrl", "verl-fused", *(() if tied else MUTANTS)):
@@ -256,6 +262,10 @@ def worker(rank, world, init_file, paths, out_dir):
                 result = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]}
             torch.save(result, os.path.join(out_dir, f"{name}-rank{rank}.pt"))
             dist.barrier()
+
+
+def leave():
+    """All ranks meet, then leave without the interpreter's finalizers (a live gloo thread can abort them)."""
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from verl_engine_checks import init_rank, rel_diff, run_variant, save_models
+from verl_engine_checks import init_rank, leave, rel_diff, run_variant, save_models
 
 
 def varlen_causal_attention(q, k, v, attention_mask, query_length, *args, position_ids=None, **kwargs):
@@ -69,6 +69,12 @@ def rolled_per_shard(self, *args, shift_labels=None, **kwargs):
 
 def worker(rank, world, init_file, path, out_dir):
     init_rank(rank, world, init_file)
+    run_cases(rank, path, out_dir)
+    leave()
+
+
+def run_cases(rank, path, out_dir):
+    """Every case on this rank, in the 2-rank group `init_rank` joined; each writes `<out_dir>/<case>-rankR`."""
     register_cpu_attention()
     cases = {
         "verl": dict(variant="verl", sp=2, attn="cpu_varlen"),
@@ -80,9 +86,6 @@ def worker(rank, world, init_file, path, out_dir):
         result = run_variant(path, seed=0, **case)  # the same batch on both ranks (one Ulysses group)
         torch.save(result, os.path.join(out_dir, f"{name}-rank{rank}.pt"))
         dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
 
 
 def diffs_to(got, ref) -> dict:

@@ -1,15 +1,16 @@
 """Run verl's own loss code on cases saved by the parity tests (verl imported unmodified).
 
 Runs in verl's own environment (`.ci/verl.sh` builds it):
-    python verl_peer.py defaults out.json      verl's default actor and rollout-correction config
     python verl_peer.py run cases.pt out.pt    each case through verl's rollout correction and ppo_loss
+
+A case whose "actor" is None takes verl's default actor and rollout-correction config (its result records them
+under "actor" and "rollout_correction"): the defaults are read and used in the one run of verl's python.
 
 ppo_loss is the engine worker's actor loss: it takes the packed model output (one prompt token and
 T response positions per row here, the log-probs shifted by one as a causal LM's are) and the
 mini-batch's global counts, and aggregates the policy, entropy and KL terms with verl's agg_loss.
 """
 
-import json
 import os
 import sys
 import traceback
@@ -98,31 +99,30 @@ def run_case(case):
     }
 
 
-def defaults(dst):
+def defaults() -> dict:
+    """verl's default actor and rollout-correction sections, as plain containers."""
     import verl
     from omegaconf import OmegaConf
 
     path = os.path.join(os.path.dirname(verl.__file__), "trainer", "config", "_generated_ppo_trainer.yaml")
     cfg = OmegaConf.load(path)
-    out = {
-        "version": verl.__version__,
+    return {
         "actor": OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True),
         "rollout_correction": OmegaConf.to_container(cfg.algorithm.rollout_correction, resolve=True),
     }
-    with open(dst, "w") as f:
-        json.dump(out, f)
 
 
 def run(src, dst):
     cases = torch.load(src, weights_only=False)
     results = {}
     for name, case in cases.items():
+        default = defaults() if case["actor"] is None else {}
         try:
-            results[name] = run_case(case)
+            results[name] = {**run_case({**case, **default}), **default}
         except Exception as e:  # reported per case: the test names the case that verl rejected
-            results[name] = {"error": f"{type(e).__name__}: {e}\n" + traceback.format_exc()}
+            results[name] = {"error": f"{type(e).__name__}: {e}\n" + traceback.format_exc(), **default}
     torch.save(results, dst)
 
 
 if __name__ == "__main__":
-    {"defaults": defaults, "run": run}[sys.argv[1]](*sys.argv[2:])
+    {"run": run}[sys.argv[1]](*sys.argv[2:])
