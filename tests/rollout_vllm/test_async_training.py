@@ -41,13 +41,15 @@ def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path, mo
 
     Every run evaluates every 2 steps (greedy, 16 trained problems): the synchronous run on its vLLM engine, the
     asynchronous ones in the trainer process (transformers' generate on the current weights), the 2 ranks each its
-    shard, gathered: the same eval columns on steps 2 and 4."""
+    shard, gathered: the same eval columns on steps 2 and 4. And every run checkpoints its activations and caps the
+    rollout IS weight (is_cap, the sampler's log-probs)."""
     common = dict(ENGINE, max_steps=4, prompts_per_step=4, group_size=4, minibatches=2, warmup_sft_steps=60,
                   save_steps=0, progress=False, thinking_budget=2, thinking_stop_text=".",
-                  eval_dataset="arithmetic-trained", eval_every=2, eval_max_problems=16)  # fmt: skip
+                  eval_dataset="arithmetic-trained", eval_every=2, eval_max_problems=16, gradient_checkpointing=True,
+                  is_cap=2.0)  # fmt: skip
     flags = ("--async-staleness", "0", "--max-steps", "4", "--minibatches", "2", "--thinking-budget", "2",
              "--thinking-stop-text", ".", "--eval-dataset", "arithmetic-trained", "--eval-every", "2",
-             "--eval-max-problems", "16")  # fmt: skip
+             "--eval-max-problems", "16", "--gradient-checkpointing", "--is-cap", "2.0")  # fmt: skip
     seen, to_samples = [], scoring.to_samples
 
     def recorded(comps, *args, **kwargs):  # each run's completions, inserted spans and loss masks, in batch order
@@ -92,7 +94,16 @@ def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path, mo
             assert abs(a[key] - c[key]) <= 1e-6, ("2 ranks", a["step"], key, a[key], c[key])
         assert b["staleness_max"] == c["staleness_max"] == 0 and b["async_dropped_groups"] == 0
         assert "rank_prompt_ids" not in b
-    keys = ("loss", "entropy_mean", "reward_mean", "train_tokens", "grad_norm", "ratio_mean", "clip_frac_high")
+    keys = (
+        "loss",
+        "entropy_mean",
+        "reward_mean",
+        "train_tokens",
+        "grad_norm",
+        "ratio_mean",
+        "clip_frac_high",
+        "kl_mean",
+    )
     sp = rows_of(tmp_path / "async-sp")
     torch.testing.assert_close([[r[k] for k in keys] for r in sp], [[r[k] for k in keys] for r in sync], rtol=1e-5,
                                atol=1e-6)  # fmt: skip
