@@ -1,7 +1,7 @@
 """A planted slow-down of fastrl's own kernels (`python -m bench --plant-slowdown F`), to show that the
 verdict catches a slower fastrl.
 
-Every call of fastrl's chunked token walks (`fused_loss.chunked.fused_forward`,
+Every call of fastrl's chunked token walks (`fused_loss.api.fused_forward`,
 `logprobs.chunked.chunked_forward` and `chunked_backward`) waits F × its own wall time after it returns.
 Each function is replaced where it is defined AND in every loaded fastrl module that imported it by name
 (those look it up in their own namespace at call time), and put back everywhere afterwards. A nested call
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import torch
 
 TARGETS = (
-    ("fastrl.kernels.fused_loss.chunked", "fused_forward"),
+    ("fastrl.kernels.fused_loss.api", "fused_forward"),
     ("fastrl.kernels.logprobs.chunked", "chunked_forward"),
     ("fastrl.kernels.logprobs.chunked", "chunked_backward"),
 )

@@ -109,6 +109,28 @@ PUBLIC_SIGNATURES = {
         ("loss_agg_mode", "'token-mean'"), ("config", "None"), ("rollout_is_weights", "None"),
     ),
     ("integrations/verl.py", "use_fastrl_backend"): (),
+    # verl calls the forward it installs with its model's keywords (verl and transformers fix these)
+    ("integrations/verl.py", "forward_with_fastrl_backend"): (
+        ("self", _N), ("input_ids", "None"), ("attention_mask", "None"), ("position_ids", "None"),
+        ("past_key_values", "None"), ("inputs_embeds", "None"), ("labels", "None"), ("use_cache", "None"),
+        ("output_attentions", "None"), ("output_hidden_states", "None"), ("return_dict", "None"),
+        ("cache_position", "None"), ("logits_to_keep", "0"), ("temperature", "1.0"), ("shift_labels", "None"),
+        ("**loss_kwargs", _N),
+    ),
+    # the ops' references (the oracles users compare with) and the policy op's entry, exported by fastrl.kernels
+    ("kernels/logprobs/naive.py", "sampled_logprobs_reference"): (
+        ("hidden", _N), ("weight", _N), ("targets", _N), ("bias", "None"), ("*", _N), ("temperature", "1.0"),
+        ("softcap", "None"), ("top_k", "None"), ("top_p", "None"), ("min_p", "None"), ("ignore_index", "-100"),
+        ("return_topk", "None"),
+    ),
+    ("kernels/logprobs/replay_naive.py", "replay_logprobs_reference"): (
+        ("hidden", _N), ("weight", _N), ("targets", _N), ("kept_ids", _N), ("kept_offsets", _N), ("bias", "None"),
+        ("*", _N), ("temperature", "1.0"), ("softcap", "None"), ("ignore_index", "-100"),
+    ),
+    ("kernels/policy/api.py", "policy_rows"): (
+        ("logp", _N), ("advantages", _N), ("mask", _N), ("old", _N), ("ref", _N), ("weight", _N), ("entropy", _N),
+        ("params", _N), ("*", _N), ("impl", "'auto'"),
+    ),
 }  # fmt: skip
 
 

@@ -13,7 +13,7 @@ Imports only torch (and triton, when a Triton path runs).
 """
 
 from .dispatch import IMPLS, resolve_impl
-from .fused_loss import attach_gradients, policy_loss_grads, take_weight_gradient
+from .fused_loss import PolicyTokens, attach_gradients, fused_logprob_grads, take_weight_gradient
 from .logprobs import (
     MIN_TEMPERATURE,
     LogprobParams,
@@ -39,6 +39,7 @@ __all__ = [
     "NUM_STATS",
     "STATS",
     "attach_gradients",
+    "fused_logprob_grads",
     "check_temperature",
     "keep_rows",
     "kept_set_from_vllm",
@@ -47,7 +48,7 @@ __all__ = [
     "replay_logprobs_reference",
     "LogprobParams",
     "PolicyLossParams",
-    "policy_loss_grads",
+    "PolicyTokens",
     "policy_rows",
     "policy_rows_torch",
     "resolve_impl",

@@ -94,8 +94,8 @@ class LossConfig:
 
     @property
     def sampler(self) -> SamplerSettings:
-        """The sampler's settings (temperature, top-k, top-p, min-p, soft-cap) as one object."""
-        return SamplerSettings(self.temperature, self.top_k, self.top_p, self.min_p, self.softcap)
+        """The sampler's settings (temperature, top-k, top-p, min-p, soft-cap) as one object, checked once."""
+        return self._sampler
 
     @property
     def sampler_on(self) -> bool:
@@ -130,9 +130,12 @@ class LossConfig:
         self._check_sampler()
 
     def _check_sampler(self) -> None:
-        # SamplerSettings checks the five and normalises "off" to None; the fields keep its values
-        for name, value in SamplerSettings(**{n: getattr(self, n) for n in _SAMPLER_FIELDS}).as_dict().items():
+        # SamplerSettings checks the five and normalises "off" to None; the fields keep its values, and `sampler`
+        # hands out this one object (no field: equality and replace() read the five fields)
+        settings = SamplerSettings(**{n: getattr(self, n) for n in _SAMPLER_FIELDS})
+        for name, value in settings.as_dict().items():
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "_sampler", settings)
 
     def _check_rejection(self) -> None:
         if isinstance(self.rejection, (str, bytes)) or not isinstance(self.rejection, (tuple, list)):

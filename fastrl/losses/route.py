@@ -17,7 +17,15 @@ import dataclasses
 
 import torch
 
-from fastrl.kernels import attach_gradients, logprob_call, logprob_path, policy_loss_grads, sampler_on, shape_logprobs
+from fastrl.kernels import (
+    PolicyTokens,
+    attach_gradients,
+    fused_logprob_grads,
+    logprob_call,
+    logprob_path,
+    sampler_on,
+    shape_logprobs,
+)
 
 from .call import LossCall
 from .config import LossConfig
@@ -81,40 +89,39 @@ def _loss(call: LossCall, logp: torch.Tensor, entropy: torch.Tensor | None) -> L
     return policy_loss_of(logp, entropy, call.policy)
 
 
-def _logprobs(call: LossCall, group, **options):
-    # the log-prob op's own checked call, run on the path it picks from here: no public entry between this router
-    # and the walk (SampledLogprobs shape_logprobs like targets)
+def _logprob_call(call: LossCall, group, **options):
+    # the log-prob op's own checked call over the [N] rows, and targets' shape
     options = dict(call.logprob_options(), process_group=group, return_topk=None, **options)
-    lp_call, lead = logprob_call(call.hidden, call.weight, call.targets, **options)
+    return logprob_call(call.hidden, call.weight, call.targets, **options)
+
+
+def _logprobs(call: LossCall, group, **options):
+    # the log-prob op's call, run on the path it picks from here: no public entry between this router and the walk
+    # (SampledLogprobs shape_logprobs like targets)
+    lp_call, lead = _logprob_call(call, group, **options)
     return shape_logprobs(logprob_path(lp_call)(lp_call), lp_call, lead)
 
 
 def fused_parts(call: LossCall):
     """The loss with its gradients formed in the vocabulary pass; logp and entropy come back detached."""
     p, config = call.policy, call.config
-    need_entropy = config.entropy_coef != 0 or call.return_entropy
+    sampler = dict(top_k=None, top_p=None, min_p=None, softcap=None)
+    lp_call, lead = _logprob_call(call, None, return_entropy=config.entropy_coef != 0 or call.return_entropy, **sampler)
     adv = p.advantages if p.advantages.dim() == 2 else p.advantages.unsqueeze(-1)
     # the policy term's detached factor (here only an IS weight from old and rollout log-probs: see
     # `fusable_loss`) is known before the pass; zeros stand in for the current logp it does not read
     zeros = torch.zeros(p.mask.shape, dtype=torch.float32, device=call.hidden.device)
     token_weight, _, _ = policy_weight(config, zeros, p.old, p.rollout, p.live, adv, None)
     policy_normalizer = p.normalizer.policy if isinstance(p.normalizer, Normalizer) else p.normalizer
-    logp, entropy, grads = policy_loss_grads(
-        call.hidden,
-        call.weight,
-        call.targets,
-        p.advantages,
-        p.mask,
-        p.old,
-        p.ref,
-        None if token_weight is None else token_weight.float(),
-        kernel_params(config),
-        _row_weight(p.mask, config, policy_normalizer),
-        entropy=need_entropy,
-        **call.logprob_options(),
-    )
+    row_weight = _row_weight(p.mask, config, policy_normalizer)
+    token_weight = None if token_weight is None else token_weight.float()
+    params = kernel_params(config)
+    tokens = PolicyTokens(p.advantages, p.mask, p.old, p.ref, token_weight, params, row_weight, lp_call.impl)
+    logp, entropy, (d_hidden, d_weight, d_bias) = fused_logprob_grads(lp_call, tokens, params.entropy_coef != 0)
+    logp, entropy = logp.reshape(lead), None if entropy is None else entropy.reshape(lead)
+    d_hidden = None if d_hidden is None else d_hidden.reshape(call.hidden.shape)
     out = _loss(call, logp, entropy)
-    loss = attach_gradients(out.loss.detach(), call.hidden, call.weight, call.bias, grads)
+    loss = attach_gradients(out.loss.detach(), call.hidden, call.weight, call.bias, (d_hidden, d_weight, d_bias))
     return LossOutput(loss, out.metrics), logp, entropy
 
 

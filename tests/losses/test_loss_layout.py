@@ -3,6 +3,8 @@
 import ast
 import pathlib
 
+import pytest
+
 import fastrl.kernels
 import fastrl.losses
 
@@ -33,15 +35,18 @@ def test_every_module_declares_all_and_stays_readable():
     assert not missing and not long, (missing, long)
 
 
-# --- the stack from grpo_loss to the first logit tile: grpo.py, route.py, the path's walk, logits.py ---
+# --- the stack from grpo_loss to the first kernel: grpo.py, route.py, the path's walk, then the logit tile (logits.py)
+# or the Triton launch (`kernel[grid]`) ---
 FIRST_TILES = {
     ("fastrl.kernels.logits", "logit_tile"),
     ("fastrl.kernels.logprobs.replay_torch", "_pair_logits"),
+    ("triton.runtime.jit", "__getitem__"),
 }
 
 
 def _modules_at_first_tile(fn) -> list[str]:
-    """The fastrl modules on the call stack, outermost first, when fn first enters a logit-tile function."""
+    """The fastrl modules on the call stack, outermost first, when fn first enters a logit-tile function or launches
+    a Triton kernel."""
     import sys
 
     hit = []
@@ -65,7 +70,7 @@ def _modules_at_first_tile(fn) -> list[str]:
     return list(dict.fromkeys(names[names.index("fastrl.losses.grpo") :]))
 
 
-def _route_calls():
+def _route_calls(impl):
     import torch
 
     from fastrl.losses import LossConfig, grpo_loss
@@ -81,16 +86,26 @@ def _route_calls():
     kept = dict(kept_ids=torch.tensor(ids), kept_offsets=torch.tensor(offsets))
     plain = LossConfig()
     return {
-        "plain": lambda: torch.no_grad()(grpo_loss)(h, w, y, m, a, config=plain),
-        "sampled": lambda: grpo_loss(h, w, y, m, a, config=LossConfig(top_k=5)),
-        "gspo": lambda: grpo_loss(h, w, y, m, a, config=LossConfig(ratio_level="sequence")),
-        "replay": lambda: grpo_loss(h, w, y, m, a, config=plain, **kept),
+        "plain": lambda: torch.no_grad()(grpo_loss)(h, w, y, m, a, config=plain, impl=impl),
+        "sampled": lambda: grpo_loss(h, w, y, m, a, config=LossConfig(top_k=5), impl=impl),
+        "gspo": lambda: grpo_loss(h, w, y, m, a, config=LossConfig(ratio_level="sequence"), impl=impl),
+        "replay": lambda: grpo_loss(h, w, y, m, a, config=plain, impl=impl, **kept),
+        "fused": lambda: grpo_loss(h, w, y, m, a, config=plain, impl=impl),  # a gradient to form: in the forward
     }
 
 
-def test_grpo_loss_reaches_the_first_tile_through_four_modules():
-    # the router runs the log-prob op's path itself: no public entry or pass-through layer in between
-    for name, fn in _route_calls().items():
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_grpo_loss_reaches_the_first_kernel_through_four_modules(impl, monkeypatch):
+    # the router runs the log-prob op's path, or the gradient-in-forward walk, itself: no public entry or
+    # pass-through layer in between (the Triton kernels under the interpreter)
+    from fastrl.kernels.fused_loss import api as fused_api
+
+    walks = []
+    real = fused_api.fused_forward
+    monkeypatch.setattr(fused_api, "fused_forward", lambda *args: walks.append(1) or real(*args))
+    for name, fn in _route_calls(impl).items():
+        walks.clear()
         mods = _modules_at_first_tile(fn)
         assert len(mods) <= 4, (name, mods)
         assert mods[:2] == ["fastrl.losses.grpo", "fastrl.losses.route"], (name, mods)
+        assert bool(walks) == (name == "fused"), (name, walks)

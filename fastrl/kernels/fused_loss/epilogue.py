@@ -5,13 +5,24 @@ the tile once each: `fold_stats_kernel` per row (online max / Σexp / Σexp·z �
 `fold_dz_kernel` per `[1, BLOCK_V]` block (∂ℓ/∂z from the row's max, log Σ, entropy and upstream g, g_H).
 """
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from ..configs import FUSED_DZ_BLOCK_V, FUSED_DZ_NUM_WARPS, FUSED_STATS_BLOCK_V, FUSED_STATS_NUM_WARPS
 
-__all__ = ["fold_dz", "fold_dz_kernel", "fold_stats", "fold_stats_kernel"]
+__all__ = ["FoldStats", "TritonFold", "fold_dz", "fold_dz_kernel", "fold_stats", "fold_stats_kernel"]
+
+
+class FoldStats(NamedTuple):
+    """What `fold_stats` reads off a tile, per row: lse = row_max + log_sum."""
+
+    row_max: torch.Tensor  # [C] max of z / τ
+    log_sum: torch.Tensor  # [C] log Σ exp(z / τ − max)
+    logp: torch.Tensor  # [C]
+    entropy: torch.Tensor | None  # [C], or None when not asked for
 
 
 @triton.jit
@@ -114,8 +125,7 @@ def _tau_args(tau, placeholder):
 
 
 def fold_stats(z, targets, tau, entropy: bool):
-    """`[C, V]` float32 logits (unit column stride), `[C]` targets, τ (float or `[C]`) →
-    (row max of z / τ, log Σ exp(z / τ − max), logp, entropy or None); lse = max + log Σ."""
+    """`[C, V]` float32 logits (unit column stride), `[C]` targets, τ (float or `[C]`) → `FoldStats`."""
     c, v = z.shape
     if z.stride(1) != 1:
         raise ValueError(f"the logit tile must have unit column stride, got strides {z.stride()}")
@@ -139,14 +149,16 @@ def fold_stats(z, targets, tau, entropy: bool):
         BLOCK_V=FUSED_STATS_BLOCK_V,
         num_warps=FUSED_STATS_NUM_WARPS,
     )
-    return row_max, log_sum, logp, ent if entropy else None
+    return FoldStats(row_max, log_sum, logp, ent if entropy else None)
 
 
-def fold_dz(z, out, targets, tau, row_max, log_sum, entropy, g, g_entropy):
-    """∂ℓ/∂(h·Wᵀ) of the tile into `out` (`[C, V]`, any float dtype; may be z itself)."""
+def fold_dz(z, out, targets, tau, stats: FoldStats, g, g_entropy):
+    """∂ℓ/∂(h·Wᵀ) of the tile into `out` (`[C, V]`, any float dtype; may be z itself), from the tile's `stats`
+    (its entropy read only with g_entropy)."""
     c, v = z.shape
     if out.shape != z.shape or out.stride(1) != 1:
         raise ValueError(f"out must be a [C, V] = {tuple(z.shape)} tile with unit column stride")
+    row_max = stats.row_max
     tau_ptr, tau_scalar, per_row = _tau_args(tau, row_max)
     has_eg = g_entropy is not None
     grid = (c, triton.cdiv(v, FUSED_DZ_BLOCK_V))
@@ -156,8 +168,8 @@ def fold_dz(z, out, targets, tau, row_max, log_sum, entropy, g, g_entropy):
         targets.contiguous(),
         tau_ptr,
         row_max,
-        log_sum,
-        entropy if has_eg else row_max,
+        stats.log_sum,
+        stats.entropy if has_eg else row_max,
         g.float().contiguous(),
         g_entropy.float().contiguous() if has_eg else row_max,
         v,
@@ -170,3 +182,16 @@ def fold_dz(z, out, targets, tau, row_max, log_sum, entropy, g, g_entropy):
         num_warps=FUSED_DZ_NUM_WARPS,
     )
     return out
+
+
+class TritonFold:
+    """The fold and ∂z of one tile (api.py's `TorchFold`) as the two kernels above, each reading the tile once."""
+
+    def __init__(self, z, targets, tau, entropy: bool):
+        self.z, self.targets, self.tau = z, targets, tau
+        self.stats = fold_stats(z, targets, tau, entropy)
+        self.logp, self.entropy = self.stats.logp, self.stats.entropy
+
+    def dz(self, g, g_entropy, out):
+        """∂ℓ/∂(h·Wᵀ) into `out` (the tile itself, or a buffer in the GEMMs' dtype)."""
+        return fold_dz(self.z, out, self.targets, self.tau, self.stats, g, g_entropy)

@@ -172,22 +172,19 @@ def logprob_backward(
     weight: torch.Tensor,
     targets: torch.Tensor,
     bias: torch.Tensor | None,
-    lse: torch.Tensor,
-    entropy: torch.Tensor | None,
-    grad_logp: torch.Tensor | None,
-    grad_entropy: torch.Tensor | None,
+    saved: tuple,
+    grads: tuple,
     params: LogprobParams,
     needs: tuple[bool, bool, bool],
-    theta: torch.Tensor | None = None,
-    row_scale: torch.Tensor | None = None,
 ):
     """(d_hidden, d_weight, d_bias), each None unless `needs` (hidden, weight, bias) asks for it.
 
-    `lse`, `entropy`, `grad_*` are `[N]` float32 (those of the kept set when `theta` is given, which the
-    gradient treats as fixed); `theta`, `row_scale` as in `logprob_partials`. The slab is in the weight's dtype:
-    float32 for a half-precision hidden with an fp32 head, whose d_hidden comes back in hidden's dtype and d_weight
-    in float32.
+    `saved` is the forward's (lse, entropy, theta, row_scale) and `grads` the upstream (∂/∂logp, ∂/∂entropy): lse,
+    entropy and the gradients `[N]` float32 (those of the kept set when `theta` is given, which the gradient treats
+    as fixed); `theta`, `row_scale` as in `logprob_partials`, or None. The slab is in the weight's dtype: float32 for
+    a half-precision hidden with an fp32 head, whose d_hidden comes back in hidden's dtype and d_weight in float32.
     """
+    (lse, entropy, theta, row_scale), (grad_logp, grad_entropy) = saved, grads
     n, d = hidden.shape
     v = weight.shape[0]
     dev = hidden.device

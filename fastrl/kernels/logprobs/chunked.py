@@ -75,7 +75,7 @@ def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
     # batch invariance: the caller's block of a fixed row count is one tile (invariant.py)
     rows = max(1, n_live) if params.batch_invariant else chunk_rows(v, n_live)
     if entropy is None and dev.type == "cpu" and hidden.dtype == weight.dtype == torch.float32:
-        _vocab_major_forward(hidden, weight, targets, bias, params.temperature, live, rows, logp, lse)
+        _vocab_major_forward(hidden, weight, targets, bias, params.temperature, live, rows, (logp, lse))
         return logp, entropy, lse
     tile = torch.empty(min(rows, n_live), v, dtype=torch.float32, device=dev)
     for start in range(0, n_live, rows):
@@ -96,9 +96,11 @@ def chunked_forward(hidden, weight, targets, bias, params: LogprobParams):
     return logp, entropy, lse
 
 
-def _vocab_major_forward(hidden, weight, targets, bias, tau, live, rows, logp, lse):
+def _vocab_major_forward(hidden, weight, targets, bias, tau, live, rows, out):
     # float32 on the CPU without the entropy: vocab_major.py's tile, shifted by the target logit (lse[0] then
-    # holds that shift, lse[1] log Σ exp(z − shift): the backward needs only their roles, not the max)
+    # holds that shift, lse[1] log Σ exp(z − shift): the backward needs only their roles, not the max), into
+    # out = (logp, lse)
+    logp, lse = out
     n_live = hidden.shape[0] if live is None else live.numel()
     rows = vocab_major_rows(rows)
     tile = tile_t(weight.shape[0], min(rows, n_live), hidden.device)
@@ -144,16 +146,18 @@ def chunk_cols(tokens: int, vocab: int | None = None) -> int:
     return max(64, chunk_bytes(tokens, vocab) // (4 * max(tokens, 1)))
 
 
-def chunked_backward(hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, params, needs):
-    """(d_hidden, d_weight, d_bias), each None unless `needs` (hidden, weight, targets, bias) asks for it.
+def chunked_backward(hidden, weight, targets, bias, saved, grads, params, needs):
+    """(d_hidden, d_weight, d_bias), each None unless `needs` (hidden, weight, targets, bias) asks for it; `saved` is
+    the forward's (lse `[2, N]`, entropy `[N]` or None), `grads` the upstream (∂/∂logp, ∂/∂entropy), each or None.
 
     Ignored rows are left out (they get a zero d_hidden); a target ≥ V (vocab-parallel: another rank's
     token) contributes its row's softmax gradient but no one-hot term.
     """
     live = live_index(targets, params.ignore_index)
     if live is not None:  # the live rows only, then d_hidden back in place
-        row_args = (lse, entropy, grad_logp, grad_entropy, params, needs)
+        row_args = (saved, grads, params, needs)
         return live_rows_backward(chunked_backward, live, hidden, weight, targets, bias, *row_args)
+    (lse, entropy), (grad_logp, grad_entropy) = saved, grads
     # Walks the vocabulary, not the tokens: each `[N, V_chunk]` tile gives its rows of d_weight complete
     # in one GEMM (inner dim N), and d_hidden `[N, D]` takes the running sum. Token chunks would instead
     # read and write the whole `[V, D]` d_weight once per chunk, which costs more whenever N < V.
@@ -279,7 +283,7 @@ class ChunkedLogprobFunction(torch.autograd.Function):
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False, ctx.needs_input_grad[3])
         with no_autocast(hidden):
             d_hidden, d_weight, d_bias = chunked_backward(
-                hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, ctx.params, needs
+                hidden, weight, targets, bias, (lse, entropy), (grad_logp, grad_entropy), ctx.params, needs
             )
         return d_hidden, d_weight, None, d_bias, None
 

@@ -43,10 +43,9 @@ class TritonLogprobFunction(torch.autograd.Function):
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[3])
         if grad_logp is None and grad_entropy is None or not any(needs):
             return None, None, None, None, None, None, None
-        d_hidden, d_weight, d_bias = logprob_backward(
-            hidden, weight, targets, bias, lse, entropy, grad_logp, grad_entropy, ctx.params, needs,
-            theta=theta, row_scale=row_scale,
-        )  # fmt: skip
+        saved = (lse, entropy, theta, row_scale)
+        grads = (grad_logp, grad_entropy)
+        d_hidden, d_weight, d_bias = logprob_backward(hidden, weight, targets, bias, saved, grads, ctx.params, needs)
         return d_hidden, d_weight, None, d_bias, None, None, None
 
 

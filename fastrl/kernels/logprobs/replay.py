@@ -53,9 +53,7 @@ def _forward(hidden, weight, bias, targets, scale, kept: KeptSet, params: Replay
             rows = torch.nonzero(kept.missing).squeeze(1)
             logp[rows] = final_logits(x_missing, scale[rows], params.softcap) - lse[rows]
     else:
-        logp, lse, entropy, x = replay_forward_torch(
-            hidden, weight, bias, targets, scale, kept, params.softcap, params.ignore_index, x_missing
-        )
+        logp, lse, entropy, x = replay_forward_torch(hidden, weight, bias, targets, scale, kept, params, x_missing)
     return logp, lse, entropy, x, x_missing
 
 
@@ -77,6 +75,7 @@ class ReplayLogprobFunction(torch.autograd.Function):
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2])
         if (grad_logp is None and grad_entropy is None) or not any(needs):
             return None, None, None, None, None, None, None
+        upstream = (grad_logp, grad_entropy)
         extra = None
         if x_missing is not None and grad_logp is not None:  # the one-hot terms of targets outside their sets
             rows = torch.nonzero(kept.missing).squeeze(1)
@@ -84,13 +83,11 @@ class ReplayLogprobFunction(torch.autograd.Function):
         if params.impl == "triton":
             from .replay_bwd import replay_backward_triton
 
-            grads = replay_backward_triton(
-                hidden, weight, bias, targets, scale, lse, entropy, x, grad_logp, grad_entropy, kept, params, extra,
-                needs,
-            )  # fmt: skip
+            saved = (targets, scale, lse, entropy, x)
+            grads = replay_backward_triton(hidden, weight, bias, saved, upstream, (kept, extra), params, needs)
         else:
             z = final_logits(x, scale[kept.rows], params.softcap)
-            c = pair_grads(x, z, scale[kept.rows], lse, entropy, grad_logp, grad_entropy, kept, params.softcap)
+            c = pair_grads(x, z, scale[kept.rows], (lse, entropy), upstream, kept, params.softcap)
             grads = replay_backward_torch(hidden, weight, bias, c, kept, extra, needs)
         d_hidden, d_weight, d_bias = grads
         return d_hidden, d_weight, d_bias, None, None, None, None

@@ -13,7 +13,6 @@ import triton
 import triton.language as tl
 
 from .. import configs
-from .kept_set import KeptSet
 from .replay_torch import id_segments
 from .tile import softcap_tile
 
@@ -135,10 +134,11 @@ def replay_dw_kernel(
             tl.store(d_bias + b_v, tl.sum(b_accb))
 
 
-def replay_backward_triton(hidden, weight, bias, targets, scale, lse, entropy, x, grad_logp, grad_entropy,
-                           kept: KeptSet, params, extra, needs):  # fmt: skip
-    """(d_hidden, d_weight, d_bias) of the replay forward; `extra` = (rows, ids, ∂x) of targets outside their
-    sets (added as pairs of their own), `needs` = which of the three to form."""
+def replay_backward_triton(hidden, weight, bias, saved, grads, pairs, params, needs):
+    """(d_hidden, d_weight, d_bias) of the replay forward. `saved` is the forward's (targets, scale, lse, entropy,
+    x), `grads` the upstream (∂/∂logp, ∂/∂entropy), each or None; `pairs` = (kept, extra), extra = (rows, ids, ∂x)
+    of targets outside their sets (added as pairs of their own) or None; `needs` = which of the three to form."""
+    (targets, scale, lse, entropy, x), (grad_logp, grad_entropy), (kept, extra) = saved, grads, pairs
     n, d = hidden.shape
     v, dev = weight.shape[0], hidden.device
     m = kept.ids.shape[0]

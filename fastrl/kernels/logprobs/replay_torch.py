@@ -148,12 +148,14 @@ def row_stats(z: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor):
     return row_max, s.log(), t / s
 
 
-def replay_forward_torch(hidden, weight, bias, targets, scale, kept: KeptSet, softcap, ignore_index, missing_x):
-    """(logp `[N]`, lse `[N]`, entropy `[N]`, x `[M]`, x_missing): the forward over the kept pairs.
+def replay_forward_torch(hidden, weight, bias, targets, scale, kept: KeptSet, params, missing_x):
+    """(logp `[N]`, lse `[N]`, entropy `[N]`, x `[M]`): the forward over the kept pairs, with `params`' soft-cap
+    and ignore_index (replay.py's ReplayParams).
 
     `missing_x`: the raw target logits of rows whose target is outside their set (`[n_missing]`), from
     `missing_target_logits`; logp there is still z_y − log Σ_S exp z.
     """
+    softcap, ignore_index = params.softcap, params.ignore_index
     n = targets.shape[0]
     x = _pair_logits(hidden, weight, bias, kept.ids, kept.rows, kept.offsets)
     z = final_logits(x, scale[kept.rows], softcap)
@@ -181,8 +183,10 @@ def missing_target_logits(hidden, weight, bias, targets, kept: KeptSet) -> torch
     )
 
 
-def pair_grads(x, z, scale_rows, lse, entropy, grad_logp, grad_entropy, kept: KeptSet, softcap):
-    """∂loss/∂x per pair `[M]`: ∂z = g·(1[v = y] − p) − e·p·(log p + H), times the scale and the cap's slope."""
+def pair_grads(x, z, scale_rows, saved, grads, kept: KeptSet, softcap):
+    """∂loss/∂x per pair `[M]`: ∂z = g·(1[v = y] − p) − e·p·(log p + H), times the scale and the cap's slope;
+    `saved` is the forward's (lse, entropy), `grads` the upstream (∂/∂logp = g, ∂/∂entropy = e), each or None."""
+    (lse, entropy), (grad_logp, grad_entropy) = saved, grads
     rows = kept.rows
     log_p = (z - lse[rows]).clamp_(min=torch.finfo(torch.float32).min)  # p = 0: p·log p is 0, not NaN
     p = torch.exp(log_p)

@@ -35,23 +35,34 @@ def sampled_tile_rows(vocab: int) -> int:
     return invariant_rows(vocab, _TILE_BYTES, 16)
 
 
+def kernel_temperature(params: LogprobParams):
+    """(params, row_scale) as the Triton kernels take the temperature: a float rides in params as is; an `[N]` one
+    as the kernels' row scale 1/τ, params then holding 1.0 (the kernels' scalar)."""
+    tau = params.temperature
+    if isinstance(tau, torch.Tensor):
+        return dataclasses.replace(params, temperature=1.0), tau.float().reciprocal()
+    return params, None
+
+
 def _tau_rows(tau, idx):
     return tau[idx] if isinstance(tau, torch.Tensor) else tau
 
 
-def _torch_tile(hidden, weight, bias, tau, params: LogprobParams):
+def _torch_tile(hidden, weight, bias, params: LogprobParams):
     # the final logits of rows `idx` into `out`, as the torch walks build them (logits.py)
+    tau = params.temperature
+
     def tile(idx, out):
         return logit_tile(hidden[idx], weight, bias, softcap=params.softcap, tau=_tau_rows(tau, idx), out=out)
 
     return tile
 
 
-def _kernel_tile(hidden, weight, bias, tau, params: LogprobParams):
+def _kernel_tile(hidden, weight, bias, params: LogprobParams):
     # the final logits of rows `idx` into `out`, as the Triton forward builds them (kernel_logits.py)
     from .kernel_logits import kernel_logits
 
-    row_scale = tau.float().reciprocal() if isinstance(tau, torch.Tensor) else None
+    params, row_scale = kernel_temperature(params)
 
     def tile(idx, out):
         scale = None if row_scale is None else row_scale[idx].contiguous()
@@ -60,9 +71,10 @@ def _kernel_tile(hidden, weight, bias, tau, params: LogprobParams):
     return tile
 
 
-def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None, params: LogprobParams, topk=None,
+def sampled_forward(hidden, weight, targets, bias, trunc: Truncation | None, params: LogprobParams, topk=None,
                     kernel_logits=False):  # fmt: skip
-    """`[N, D]`, `[V, D]`, `[N]` → (SampledLogprobs, stats `[4, N]`: row max, log Σ_S exp(z − max), H, θ).
+    """`[N, D]`, `[V, D]`, `[N]` → (SampledLogprobs, stats `[4, N]`: row max, log Σ_S exp(z − max), H, θ), at
+    params.temperature (a float or `[N]`).
 
     kernel_logits: build the tiles as the Triton forward does (its θ search), not as the torch walks do."""
     n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
@@ -77,7 +89,7 @@ def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None
     # batch invariance: the caller's block of a fixed row count is one tile (invariant.py)
     rows = max(1, n_live) if params.batch_invariant else _rows(n_live, v)
     ws = Workspace(min(rows, n_live), v, dev)
-    build = (_kernel_tile if kernel_logits else _torch_tile)(hidden, weight, bias, tau, params)
+    build = (_kernel_tile if kernel_logits else _torch_tile)(hidden, weight, bias, params)
     for start in range(0, n_live, rows):
         stop = min(n_live, start + rows)
         idx = slice(start, stop) if live is None else live[start:stop]
@@ -109,14 +121,16 @@ def sampled_forward(hidden, weight, targets, bias, tau, trunc: Truncation | None
     return SampledLogprobs(logp, entropy, outside, top_ids, top_lp), stats
 
 
-def sampled_backward(hidden, weight, targets, bias, tau, stats, grad_logp, grad_entropy, params, needs):
+def sampled_backward(hidden, weight, targets, bias, saved, grads, params, needs):
     """(d_hidden, d_weight, d_bias) with S held fixed: ∂z = g·(1[v=y] − p_S) − e·p_S·(log p_S + H), then through
     the temperature and the soft-cap. Walks the vocabulary (each chunk's ∂W rows complete in one GEMM) over the
-    live rows; ignored rows get none."""
+    live rows; ignored rows get none. `saved` is the forward's (τ: a float or `[N]`, stats `[4, N]`), `grads` the
+    upstream (∂/∂logp, ∂/∂entropy), each or None."""
     live = live_index(targets, params.ignore_index)
     if live is not None:
-        row_args = (tau, stats, grad_logp, grad_entropy, params, needs)
+        row_args = (saved, grads, params, needs)
         return live_rows_backward(sampled_backward, live, hidden, weight, targets, bias, *row_args)
+    (tau, stats), (grad_logp, grad_entropy) = saved, grads
     n, v, dev = hidden.shape[0], weight.shape[0], hidden.device
     cap, col = params.softcap, lambda t: t.unsqueeze(1)
     tau_c = col(tau) if isinstance(tau, torch.Tensor) else tau
@@ -161,10 +175,10 @@ def sampled_backward(hidden, weight, targets, bias, tau, stats, grad_logp, grad_
 
 class SampledLogprobFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, tau, trunc, params: LogprobParams, topk):
+    def forward(ctx, hidden, weight, bias, targets, trunc, params: LogprobParams, topk):
         with no_autocast(hidden):
-            out, stats = sampled_forward(hidden, weight, targets, bias, tau, trunc, params, topk)
-        ctx.params, ctx.tau = params, tau
+            out, stats = sampled_forward(hidden, weight, targets, bias, trunc, params, topk)
+        ctx.params = params
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(hidden, weight, bias, targets, stats)
         extra = [t for t in (out.outside, out.topk_ids, out.topk_logprobs) if t is not None]
@@ -177,22 +191,24 @@ class SampledLogprobFunction(torch.autograd.Function):
         hidden, weight, bias, targets, stats = ctx.saved_tensors
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2])
         if grad_logp is None and grad_entropy is None or not any(needs):
-            return (None,) * 8
+            return (None,) * 7
+        saved = (ctx.params.temperature, stats)
         with no_autocast(hidden):
             d_hidden, d_weight, d_bias = sampled_backward(
-                hidden, weight, targets, bias, ctx.tau, stats, grad_logp, grad_entropy, ctx.params, needs
+                hidden, weight, targets, bias, saved, (grad_logp, grad_entropy), ctx.params, needs
             )
-        return d_hidden, d_weight, d_bias, None, None, None, None, None
+        return d_hidden, d_weight, d_bias, None, None, None, None
 
 
-def _kernel_search(hidden, weight, targets, bias, tau, trunc, params, topk):
+def _kernel_search(hidden, weight, targets, bias, trunc, params, topk):
     """(SampledLogprobs, θ `[N]`) of the Triton path's θ search, on the forward kernel's own logits; in blocks of
     a fixed row count when the call asks for batch invariance."""
     search = dataclasses.replace(params, return_entropy=False)
+    tau = params.temperature
 
     def block(h, y, t, *rules):
         rows = None if trunc is None else Truncation(*rules)
-        out, stats = sampled_forward(h, weight, y, bias, t, rows, search, topk, kernel_logits=True)
+        out, stats = sampled_forward(h, weight, y, bias, rows, dataclasses.replace(search, temperature=t), topk, True)
         return out.outside, out.topk_ids, out.topk_logprobs, stats[3]
 
     if not params.batch_invariant:
@@ -213,29 +229,26 @@ def _kernel_search(hidden, weight, targets, bias, tau, trunc, params, topk):
 def token_logprobs_sampled(hidden, weight, targets, bias, trunc, params, impl, topk=None) -> SampledLogprobs:
     """`[N, D]` rows → SampledLogprobs of the truncated, soft-capped distribution (docs/math.md §8).
 
-    params.temperature: a float or an `[N]` float32 tensor (tau below); trunc: per-row rules or None.
+    params.temperature: a float or an `[N]` float32 tensor; trunc: per-row rules or None.
     impl "triton": θ (and the top-k export) from a no-grad pass here, skipped when neither is asked for; the
     log-probs and their gradients from the Triton kernels, a per-row tau riding in as their row scale 1/τ, applied
     after the soft-cap and the bias as the torch tile's division is (docs/math.md §1.1)."""
-    tau = params.temperature
-    if isinstance(tau, torch.Tensor):  # the per-row τ rides apart from the kernels' scalar one
-        params = dataclasses.replace(params, temperature=1.0)
     if impl == "triton" and hidden.shape[0]:
         theta = out = None
         if trunc is not None or topk:
             with torch.no_grad(), no_autocast(hidden):
-                out, theta = _kernel_search(hidden, weight, targets, bias, tau, trunc, params, topk)
+                out, theta = _kernel_search(hidden, weight, targets, bias, trunc, params, topk)
             theta = None if trunc is None else theta
-        row_scale = tau.float().reciprocal() if isinstance(tau, torch.Tensor) else None
-        logp, entropy = token_logprobs_triton(hidden, weight, targets, bias, params, theta=theta, row_scale=row_scale)
+        scalar, row_scale = kernel_temperature(params)
+        logp, entropy = token_logprobs_triton(hidden, weight, targets, bias, scalar, theta=theta, row_scale=row_scale)
         if out is None:
             return SampledLogprobs(logp, entropy, torch.zeros_like(targets, dtype=torch.bool), None, None)
         return SampledLogprobs(logp, entropy, out.outside, out.topk_ids, out.topk_logprobs)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not grad:
         with no_autocast(hidden):
-            return sampled_forward(hidden, weight, targets, bias, tau, trunc, params, topk)[0]
-    logp, entropy, outside, *top = SampledLogprobFunction.apply(hidden, weight, bias, targets, tau, trunc, params, topk)
+            return sampled_forward(hidden, weight, targets, bias, trunc, params, topk)[0]
+    logp, entropy, outside, *top = SampledLogprobFunction.apply(hidden, weight, bias, targets, trunc, params, topk)
     return SampledLogprobs(logp, entropy, outside, *(top if top else (None, None)))
 
 

@@ -5,7 +5,7 @@ fastest at a few hundred rows; the row-major `h·Wᵀ` runs ~15% slower there. E
 logit, not its max: e = exp(z − z_y) holds e_y = 1 exactly, so s = Σ e ≥ 1 and log p_y = −log s keeps full
 precision near p_y = 1, as the max shift does, without a pass for the max. A row whose s passes 2¹⁰⁰ (a target
 with p_y below ~e⁻⁶⁹, or a banned one) is redone with the max shift, from a second GEMM of the whole tile. Used
-by chunked.py's forward and the gradient-in-forward loss (fused_loss/lean.py).
+by chunked.py's forward and the gradient-in-forward loss (`lean_forward`, fused_loss/api.py).
 """
 
 import torch

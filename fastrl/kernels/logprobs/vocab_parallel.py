@@ -160,8 +160,8 @@ class VocabParallelLogprobFunction(torch.autograd.Function):
             from .bwd import logprob_backward
 
             d_hidden, d_weight, d_bias = logprob_backward(
-                hidden, weight, loc, bias, lse, entropy, grad_logp, grad_entropy, ctx.params,
-                (need_h, need_w, need_b), row_scale=_row_scale(ctx.tau),
+                hidden, weight, loc, bias, (lse, entropy, None, _row_scale(ctx.tau)), (grad_logp, grad_entropy),
+                ctx.params, (need_h, need_w, need_b),
             )  # fmt: skip
         else:
             # §8's backward with nothing dropped (θ = −inf): it takes the cap and a per-row τ; the global lse whole
@@ -170,7 +170,7 @@ class VocabParallelLogprobFunction(torch.autograd.Function):
                                  minus_inf])  # fmt: skip
             with no_autocast(hidden):
                 d_hidden, d_weight, d_bias = sampled_backward(
-                    hidden, weight, loc, bias, ctx.tau, stats, grad_logp, grad_entropy, ctx.params,
+                    hidden, weight, loc, bias, (ctx.tau, stats), (grad_logp, grad_entropy), ctx.params,
                     (need_h, need_w, need_b),
                 )  # fmt: skip
         if need_h:

@@ -72,13 +72,15 @@ def policy_bwd_kernel(logp, old, ref, weight, entropy, adv, mask, seq_log_ratio,
             tl.store(d_entropy + row + o_t, b_de.to(d_entropy.dtype.element_ty), mask=m_t)
 
 
-def policy_bwd(logp, advantages, mask, old, ref, weight, entropy, seq_log_ratio, grad_row, params: PolicyLossParams):
-    """The forward's inputs, its seq_log_ratio `[B]` and dL/d(row_loss) `[B]` → d_logp, d_entropy or None.
+def policy_bwd(inputs: tuple, seq_log_ratio, grad_row, params: PolicyLossParams):
+    """The forward's inputs (logp, advantages, mask, old, ref, weight, entropy), its seq_log_ratio `[B]` and
+    dL/d(row_loss) `[B]` → d_logp, d_entropy or None.
 
     The gradients are `[B, T]` in the dtype of logp and entropy.
     """
+    logp, entropy = inputs[0], inputs[6]
     B, T = logp.shape
-    tensors, scalars, flags = launch_args(logp, advantages, mask, old, ref, weight, entropy, params)
+    tensors, scalars, flags = launch_args(*inputs, params)
     d_logp = torch.empty_like(logp, memory_format=torch.contiguous_format)
     d_entropy = None if entropy is None else torch.empty_like(entropy, memory_format=torch.contiguous_format)
     if B > 0:

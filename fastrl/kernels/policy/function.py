@@ -24,9 +24,8 @@ class PolicyRowsFunction(torch.autograd.Function):
     @differentiable_once  # the backward is hand-written: a second derivative must raise, not be wrong
     def backward(ctx, grad_row, _grad_stats):
         logp, entropy, advantages, mask, old, ref, weight, seq_log_ratio = ctx.saved_tensors
-        d_logp, d_entropy = policy_bwd(
-            logp, advantages, mask, old, ref, weight, entropy, seq_log_ratio, grad_row, ctx.params
-        )
+        inputs = (logp, advantages, mask, old, ref, weight, entropy)
+        d_logp, d_entropy = policy_bwd(inputs, seq_log_ratio, grad_row, ctx.params)
         return d_logp, d_entropy, None, None, None, None, None, None
 
 

@@ -32,14 +32,14 @@ def test_fold_and_dz_match_float64(per_row, entropy_grad, out_dtype):
     tau_arg = tau_rows if per_row else 0.7
     up = torch.randn(c, generator=g)
     up_h = torch.randn(c, generator=g) if entropy_grad else None
-    row_max, log_sum, logp, entropy = fold_stats(z, targets, tau_arg, True)
-    lse = row_max + log_sum
+    stats = fold_stats(z, targets, tau_arg, True)
+    lse, logp, entropy = stats.row_max + stats.log_sum, stats.logp, stats.entropy
     want_lse, want_logp, want_entropy, want_dz = _reference(z, targets, tau, up, up_h)
     torch.testing.assert_close(lse.double(), want_lse, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(logp.double(), want_logp, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(entropy.double(), want_entropy, rtol=1e-5, atol=1e-5)
     out = torch.full((c, v), float("nan"), dtype=out_dtype)
-    fold_dz(z, out, targets, tau_arg, row_max, log_sum, entropy if entropy_grad else None, up, up_h)
+    fold_dz(z, out, targets, tau_arg, stats, up, up_h)
     # no worse than eager float32 autograd's own error (plus a small slack), or bf16 rounding of ∂z
     z32 = z.clone().requires_grad_()
     logq = torch.log_softmax(z32 / (tau.float() if per_row else tau), dim=-1)
@@ -61,8 +61,8 @@ def test_dz_in_place_on_the_tile():
     z = torch.randn(5, 300, generator=g)
     targets = torch.randint(0, 300, (5,), generator=g)
     up = torch.randn(5, generator=g)
-    row_max, log_sum, _, _ = fold_stats(z, targets, 1.0, False)
-    separate = fold_dz(z, torch.empty_like(z), targets, 1.0, row_max, log_sum, None, up, None)
-    in_place = fold_dz(z, z, targets, 1.0, row_max, log_sum, None, up, None)
+    stats = fold_stats(z, targets, 1.0, False)
+    separate = fold_dz(z, torch.empty_like(z), targets, 1.0, stats, up, None)
+    in_place = fold_dz(z, z, targets, 1.0, stats, up, None)
     assert in_place is z
     torch.testing.assert_close(in_place, separate, rtol=0, atol=0)

@@ -1,4 +1,5 @@
-"""The float32 CPU walk of the gradient-in-forward op (fastrl/kernels/fused_loss/lean.py) against float64 truth.
+"""The float32 CPU walk of the gradient-in-forward op (`lean_forward`, fastrl/kernels/fused_loss/api.py) against
+float64 truth.
 
 Each case is run through `fused_logprob_grads` with a per-token loss ℓ = a·logp (+ an entropy metric), and
 compared with the materialized float64 logits differentiated by autograd. The cases reach every branch of the
@@ -9,9 +10,11 @@ temperature, the entropy metric, several chunks, masked rows.
 import pytest
 import torch
 
-from fastrl.kernels import LogprobParams, token_logprobs_reference
+from fastrl.kernels import LogprobParams, logprob_call, token_logprobs_reference
 from fastrl.kernels.fused_loss import FusedLossParams, fused_logprob_grads
-from fastrl.kernels.fused_loss import lean as lean_mod
+from fastrl.kernels.fused_loss import api as lean_mod
+
+PLAIN = dict(process_group=None, top_k=None, top_p=None, min_p=None, softcap=None, return_topk=None)
 
 
 def _case(n=37, d=24, v=300, scale=1.0, bias=False, seed=0):
@@ -53,10 +56,9 @@ def _run(h, w, b, y, a, tau, entropy=False):
     h32, w32 = h.float().requires_grad_(), w.float().requires_grad_()
     b32 = None if b is None else b.float().requires_grad_()
     t32 = tau.float() if isinstance(tau, torch.Tensor) else tau
-    logp, ent, grads = fused_logprob_grads(
-        h32, w32, y, token_grad, bias=b32, temperature=t32, entropy=entropy, entropy_grad=False, impl="torch"
-    )
-    return logp, ent, grads
+    options = dict(bias=b32, temperature=t32, ignore_index=-100, return_entropy=entropy, impl="torch", **PLAIN)
+    call, _ = logprob_call(h32, w32, y, **options)
+    return fused_logprob_grads(call, token_grad, entropy_grad=False)
 
 
 def _close(got, want, rtol=2e-5, atol=2e-5):
@@ -73,7 +75,7 @@ def lean_calls(monkeypatch):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("fastrl.kernels.fused_loss.chunked.lean_forward", spy)
+    monkeypatch.setattr(lean_mod, "lean_forward", spy)
     return calls
 
 

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from fastrl.kernels import MIN_TEMPERATURE, check_temperature, sampler_on
-from fastrl.kernels.fused_loss import fused_logprob_grads
 from fastrl.kernels.logprobs import api
 from fastrl.kernels.logprobs.naive import sampled_logprobs_reference
 
 N, D, V = 13, 8, 31
+PLAIN = dict(bias=None, ignore_index=-100, return_entropy=False, impl="torch", process_group=None, top_k=None,
+             top_p=None, min_p=None, softcap=None, return_topk=None)  # fmt: skip
 
 
 def make(seed=0):
@@ -31,7 +32,8 @@ def test_one_temperature_floor_everywhere():
         "token_logprobs": lambda: api.token_logprobs(hidden, weight, targets, temperature=small),
         "per-token": lambda: api.token_logprobs(hidden, weight, targets, temperature=torch.full((N,), small)),
         "sampled": lambda: api.sampled_token_logprobs(hidden, weight, targets, temperature=small, top_k=3),
-        "fused": lambda: fused_logprob_grads(hidden, weight, targets, None, temperature=small),
+        # the gradient-in-forward pass runs on this checked call
+        "logprob_call": lambda: api.logprob_call(hidden, weight, targets, temperature=small, **PLAIN),
     }
     for name, call in calls.items():
         with pytest.raises(ValueError, match="MIN_TEMPERATURE"):

@@ -118,7 +118,7 @@ def test_kept_set_is_the_references(monkeypatch, name):
     tau = 0.7
     trunc = truncation(opts.get("top_k"), opts.get("top_p"), opts.get("min_p"), targets.shape, V, hidden.device)
     params = LogprobParams(tau, -100, False, opts.get("softcap"))
-    out, stats = sampled_forward(hidden, weight, targets, bias, tau, trunc, params)
+    out, stats = sampled_forward(hidden, weight, targets, bias, trunc, params)
     theta = stats[3]
     _, kept = reference(hidden, weight, bias, targets, tau, opts, torch.float64, torch.zeros(N), torch.zeros(N))
     z = torch.addmm(bias.double(), hidden.double(), weight.double().T)
