@@ -398,7 +398,6 @@ PARAM_EXCEPTIONS = _pinned()
 # private functions still over the parameter limit: this list only shrinks
 PARAM_DEBT = {
     "fastrl.kernels.logprobs.api:logprob_call",
-    "fastrl.integrations.trl.head:head_policy_loss",
 }
 
 

@@ -112,16 +112,15 @@ def test_head_policy_loss_keeps_the_samplers_truncation():
     from fastrl.integrations.trl.head import head_policy_loss
     from fastrl.kernels import sampled_token_logprobs
     from fastrl.losses import LossConfig
+    from fastrl.losses.call import PolicyInputs
 
     model = h.model()
     hidden = torch.randn(2, 5, model.config.hidden_size, requires_grad=True)
     targets = torch.randint(0, model.config.vocab_size, (2, 5))
     mask = torch.ones(2, 5)
     config = LossConfig(top_k=3)
-    out, logp, _ = head_policy_loss(
-        model, hidden, targets, mask, torch.tensor([1.0, -1.0]), temperature=0.7, cast_lm_head_to_fp32=False,
-        impl="torch", config=config, normalizer=None,
-    )  # fmt: skip
+    policy = PolicyInputs(torch.tensor([1.0, -1.0]), mask, None, None, None, config, None, "torch")
+    out, logp, _ = head_policy_loss(model, hidden, targets, policy, temperature=0.7, cast_lm_head_to_fp32=False)
     want = sampled_token_logprobs(hidden, model.lm_head.weight, targets, temperature=0.7, top_k=3, impl="torch")
     torch.testing.assert_close(logp, want.logp, rtol=0, atol=1e-6)
     assert "outside_kept_frac" in out.metrics

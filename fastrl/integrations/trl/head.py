@@ -66,28 +66,26 @@ def head_logprobs(model, hidden, labels, *, temperature: float, cast_lm_head_to_
     return zero3_scored(score, hidden, sharded)
 
 
-def head_policy_loss(
-    model, hidden, targets, mask, advantages, *, temperature: float, cast_lm_head_to_fp32: bool, impl: str, config,
-    normalizer, old=None, ref=None, rollout=None,
-):  # fmt: skip
+def head_policy_loss(model, hidden, targets, policy: PolicyInputs, *, temperature: float, cast_lm_head_to_fp32: bool):
     """(LossOutput, logp, entropy) of the policy loss on `hidden` `[B, T, D]` under `model`'s head, in one call.
 
-    `targets` hold -100 wherever `mask` is 0. The call goes through the loss's one router (`fastrl.losses.route`),
-    as `grpo_loss`'s does: with a token-level ratio and a gradient to form the gradients of hidden and the head are
-    formed in the vocabulary pass itself (docs/math.md §7): three GEMMs a token instead of the forward's one and a
-    recomputing backward's three, and the entropy from the same pass; a config with the sampler on
-    (`config.sampler_on`) gets the log-probs of the sampler's distribution. The entropy is always computed (TRL logs
-    it). Not for a ZeRO-3 partitioned head (its d_weight would reach a parameter gathered only in the forward)."""
+    `targets` hold -100 wherever `policy.mask` is 0; `policy` carries the advantages, mask, old / reference / rollout
+    log-probs, the `LossConfig`, the normalizer and the kernel choice. The call goes through the loss's one router
+    (`fastrl.losses.route`), as `grpo_loss`'s does: with a token-level ratio and a gradient to form the gradients of
+    hidden and the head are formed in the vocabulary pass itself (docs/math.md §7): three GEMMs a token instead of
+    the forward's one and a recomputing backward's three, and the entropy from the same pass; a config with the
+    sampler on (`config.sampler_on`) gets the log-probs of the sampler's distribution. The entropy is always computed
+    (TRL logs it). Not for a ZeRO-3 partitioned head (its d_weight would reach a parameter gathered only in the
+    forward)."""
     _, weight, bias = lm_body_and_head(model)
     weight, bias = full_head(weight, bias)
     dtype = _compute_dtype(hidden, cast_lm_head_to_fp32)
     hidden, weight = hidden.to(weight.device, dtype), weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
     targets = targets.to(weight.device)
-    policy = PolicyInputs(advantages, mask, old, ref, rollout, config, normalizer, impl)
-    call = LossCall(hidden, weight, bias, targets, policy, temperature, config.sampler.truncation(), None, None,
-                    True, False, IGNORE_INDEX)  # fmt: skip
-    check_policy_inputs(policy, tuple(mask.shape), torch.float32, hidden.device, True)
+    call = LossCall(hidden, weight, bias, targets, policy, temperature, policy.config.sampler.truncation(), None,
+                    None, True, False, IGNORE_INDEX)  # fmt: skip
+    check_policy_inputs(policy, tuple(policy.mask.shape), torch.float32, hidden.device, True)
     return run(call)
 
 

@@ -19,6 +19,7 @@ from trl import GRPOTrainer
 from fastrl.hf import keep_attention_in_checkpoints
 from fastrl.integrations.trl_compat import TRL_GLOBAL_TOKEN_TYPES, trl_normalizer
 from fastrl.losses import policy_loss
+from fastrl.losses.call import PolicyInputs
 from fastrl.losses.route import fusable_loss
 
 from .gather import zero3_params
@@ -169,11 +170,12 @@ def _head_loss(trainer, completion_ids, mask, advantages, losses):
     targets = completion_ids.masked_fill(~live, IGNORE_INDEX)
     head = trainer._fastrl_head
 
+    policy = PolicyInputs(advantages, mask, losses["old"], losses["ref"], losses["rollout"], losses["config"],
+                          losses["normalizer"], "auto")  # fmt: skip
+
     def loss(module, hidden):  # hidden [B, P + K, D]: positions P - 1 … P + K - 2 predict the completion
-        return head_policy_loss(
-            module, hidden[:, -k - 1 : -1], targets, mask, advantages, temperature=head["temperature"],
-            cast_lm_head_to_fp32=head["cast_lm_head_to_fp32"], impl="auto", **losses,
-        )  # fmt: skip
+        return head_policy_loss(module, hidden[:, -k - 1 : -1], targets, policy, temperature=head["temperature"],
+                                cast_lm_head_to_fp32=head["cast_lm_head_to_fp32"])  # fmt: skip
 
     return loss
 
