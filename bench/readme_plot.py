@@ -125,6 +125,7 @@ def draw(env: dict, results: list[Result], out: str) -> int:
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 10))
     limit_mib = env["limit_gib"] * 1024
+    planned = [int(n) for n in env["eager_need_gib"]]
     for row, op_name in enumerate(OPS):
         rows = [r for r in results if r.op == op_name]
         for r in rows:
@@ -133,16 +134,19 @@ def draw(env: dict, results: list[Result], out: str) -> int:
         _panel(axes[row][1], rows, "extra_mib", f"{op_name} fwd+bwd: peak extra memory, MiB")
         ax = axes[row][1]
         ax.axhline(limit_mib, color="red", linestyle=":", linewidth=1)
-        ax.text(1024, limit_mib * 1.05, f"process limit {env['limit_gib']:.0f} GiB (shared 24 GB machine)", fontsize=8)
-        over = [r for r in rows if r.provider == "eager" and r.status == "skipped" and "GiB" in r.note]
+        ax.text(planned[0], limit_mib * 0.85, f"process limit {env['limit_gib']:.0f} GiB (shared 24 GB machine)",
+                fontsize=8, va="top")  # fmt: skip
+        over = [int(n) for n, gib in env["eager_need_gib"].items() if gib > env["limit_gib"]]
         if over:
-            n = [report.tokens(r.shape) for r in over]
-            need = [env["eager_need_gib"][str(x)] * 1024 for x in n]
-            ax.plot(n, need, color=STYLE["eager"][0], marker="x", linestyle="none", markersize=10,
-                    label="eager: predicted need, not run (> limit)")  # fmt: skip
-            ax.annotate("eager OOM here", (n[0], need[0]), textcoords="offset points", xytext=(-60, 8), fontsize=8)
+            need = [env["eager_need_gib"][str(n)] * 1024 for n in over]
+            ax.plot(over, need, color=STYLE["eager"][0], marker="x", linestyle="none", markersize=10,
+                    label="eager: predicted need, not run")  # fmt: skip
+            ax.annotate("eager: out of memory (over the limit) from here", (over[0], need[0]),
+                        textcoords="offset points", xytext=(-60, 14), fontsize=8)  # fmt: skip
         for a in axes[row]:
-            a.legend(fontsize=8)
+            a.set_xlim(planned[0] / 1.3, planned[-1] * 1.3)
+            if a.get_legend_handles_labels()[0]:
+                a.legend(fontsize=8)
     wrong = [f"{r.op} {r.provider} {report.tokens(r.shape)}: {r.status} {r.note}" for r in results
              if r.status in ("FAIL", "error", "OOM")]  # fmt: skip
     caption = _caption(env, results)
@@ -176,6 +180,11 @@ def _caption(env: dict, results: list[Result]) -> str:
         f"checked against eager; eager in row blocks (fp32, same inputs) at {', '.join(blocked) or 'no point'}",
     ]
     lines += [f"not run at N = {', '.join(ns)}: {k}" for k, ns in skipped.items()]
+    for op_name in OPS:
+        reached = {report.tokens(r.shape) for r in results if r.op == op_name}
+        left = [n for n in env["eager_need_gib"] if int(n) not in reached]
+        if left:
+            lines.append(f"not measured at N = {', '.join(left)}: {op_name}, the run was stopped before them")
     if env.get("note"):
         lines.append(env["note"])
     lines.append(env["command"].strip())
