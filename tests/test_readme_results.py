@@ -1,10 +1,14 @@
-"""The README's quoted bench figures are the latest verdict rows of bench/RESULTS.md.
+"""The README's quoted bench figures are the latest verdict rows of bench/RESULTS.md, and its figure's numbers
+are the figure's JSON.
 
 The README quotes the long-CoT step ratios (fastrl's trainer update and `FastRLGRPOTrainer` against stock TRL)
 and an op's extra-memory figure; bench/RESULTS.md opens with the "Latest verdict per op" and "Latest verdict per
-step" tables. A new run updates the table; this test fails until the README says the same.
+step" tables. A new run updates the table; this test fails until the README says the same. The paragraph beside
+the README's figure quotes ratios of the run drawn (docs/img/readme_bench_cpu.json); a redrawn figure fails this
+test until the paragraph is rewritten.
 """
 
+import json
 import re
 from pathlib import Path
 
@@ -20,6 +24,11 @@ OP_QUOTE = (
     r"(\d+)× less extra memory than eager at ([\d,]+) tokens, D = ([\d,]+), V = ([\d,]+) "
     r"\(([\d,]+) against ([\d,]+) MiB"
 )
+
+
+# a row of the README's table beside its figure: "| `grpo_loss`, 1,024 | trl | 0.50× | 0.198× (152 against 765 MiB) |"
+FIGURE_QUOTE = r"\| `(\w+)`, ([\d,]+) \| ([\w-]+) \| ([\d.]+)× \| ([\d.]+)× \(([\d,]+) against ([\d,]+) MiB\) \|"
+FIGURE_JSON = Path("docs") / "img" / "readme_bench_cpu.json"
 
 
 def _number(text: str) -> float:
@@ -87,6 +96,44 @@ def disagreements(readme: str, results: str) -> list[str]:
     return problems
 
 
+def _tokens(shape: dict) -> int:
+    return shape["N"] if "N" in shape else shape["B"] * shape["T"]
+
+
+def _same(quoted: str, value: float) -> bool:
+    """`value` rounded to as many decimals as `quoted` shows is `quoted`."""
+    decimals = len(quoted.split(".")[1]) if "." in quoted else 0
+    return f"{value:,.{decimals}f}" == quoted
+
+
+def figure_disagreements(readme: str, run: dict) -> list[str]:
+    """Each ratio and MiB figure the README quotes for its figure that the run's JSON does not hold."""
+    readme = " ".join(readme.split())
+    rows = {(r["op"], _tokens(r["shape"]), r["provider"]): r
+            for r in run["results"] if r["status"] in ("ok", "ref")}  # fmt: skip
+    quotes = list(re.finditer(FIGURE_QUOTE, readme))
+    if not quotes:
+        return [f"the README no longer quotes its figure as /{FIGURE_QUOTE}/"]
+    problems = []
+    for q in quotes:
+        op, n, peer, time_x, mem_x, ours_mib, peer_mib = q.groups()
+        ours, theirs = rows.get((op, int(_number(n)), "fastrl-torch")), rows.get((op, int(_number(n)), peer))
+        if ours is None or theirs is None:
+            problems.append(
+                f"{q.group(0)!r}: the run has no measured {op} row at {n} tokens for fastrl-torch or {peer}"
+            )
+            continue
+        expected = (
+            (time_x, ours["median_ms"] / theirs["median_ms"]),
+            (mem_x, ours["extra_mib"] / theirs["extra_mib"]),
+            (ours_mib, ours["extra_mib"]),
+            (peer_mib, theirs["extra_mib"]),
+        )
+        problems += [f"{q.group(0)!r}: {said} where the run holds {value:.4g}" for said, value in expected
+                     if not _same(said, value)]  # fmt: skip
+    return problems
+
+
 def _files() -> tuple[str, str]:
     return (ROOT / "README.md").read_text(), (ROOT / "bench" / "RESULTS.md").read_text()
 
@@ -121,3 +168,22 @@ def test_a_changed_readme_memory_figure_is_caught():
     assert quote in " ".join(readme.split())
     changed = " ".join(readme.split()).replace(quote, f"({ours + 1:,.0f} against {eager:,.0f} MiB")
     assert any("MiB: RESULTS.md's latest row" in p for p in disagreements(changed, results))
+
+
+def _run() -> dict:
+    return json.loads((ROOT / FIGURE_JSON).read_text())
+
+
+def test_the_readme_quotes_its_figure_as_the_run_measured_it():
+    assert figure_disagreements((ROOT / "README.md").read_text(), _run()) == []
+
+
+def test_a_changed_figure_number_is_caught():
+    run = _run()
+    readme = (ROOT / "README.md").read_text()
+    quoted = re.search(FIGURE_QUOTE, " ".join(readme.split()))
+    assert quoted is not None
+    op, n, peer = quoted.group(1), int(_number(quoted.group(2))), quoted.group(3)
+    row = next(r for r in run["results"] if (r["op"], r["provider"], _tokens(r["shape"])) == (op, peer, n))
+    row["extra_mib"] *= 1.1
+    assert any("where the run holds" in p for p in figure_disagreements(readme, run))
