@@ -24,7 +24,7 @@ import torch
 
 from bench import report
 from bench.harness import Result, environment, load_average
-from bench.readme_sweep import GIB, OPS, limit_address_space, predicted_bytes, sweep
+from bench.readme_sweep import GIB, LOGIT_FACTOR, OPS, limit_address_space, predicted_bytes, sweep
 
 PROVIDERS = {
     "token_logprobs": "eager,fastrl-torch,trl,cce",
@@ -179,6 +179,11 @@ def _caption(env: dict, results: list[Result]) -> str:
         " (a shared machine: other test runs beside this one)",
         f"checked against eager; eager in row blocks (fp32, same inputs) at {', '.join(blocked) or 'no point'}",
     ]
+    over = [n for n, gib in env["eager_need_gib"].items() if gib > env["limit_gib"]]
+    if over:
+        factor = LOGIT_FACTOR["eager"]
+        lines.append(f"x: eager's predicted need at N = {', '.join(over)} (N x V x 4 B x {factor:g}, plus the inputs "
+                     f"and their gradients), past the {env['limit_gib']:.0f} GiB limit: not run")  # fmt: skip
     lines += [f"not run at N = {', '.join(ns)}: {k}" for k, ns in skipped.items()]
     for op_name in OPS:
         reached = {report.tokens(r.shape) for r in results if r.op == op_name}
