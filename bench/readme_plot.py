@@ -169,11 +169,14 @@ def _dim(results: list[Result], key: str) -> int:
 
 def _caption(env: dict, results: list[Result]) -> str:
     blocked = sorted(k for k, v in env["references"].items() if v == "eager in row blocks")
-    skipped: dict[str, list[str]] = {}
+    by_provider: dict[tuple, list[str]] = {}
     for r in results:
         if r.status == "skipped":
             reason = r.note.split(" (predicted")[0].split(": a call predicted")[0]
-            skipped.setdefault(f"{r.op} {r.provider}: {reason}", []).append(str(report.tokens(r.shape)))
+            by_provider.setdefault((r.op, r.provider, reason), []).append(str(report.tokens(r.shape)))
+    skipped: dict[tuple, list[str]] = {}  # (op, token counts, reason) -> providers
+    for (op_name, provider, reason), ns in by_provider.items():
+        skipped.setdefault((op_name, ", ".join(ns), reason), []).append(provider)
     lines = [
         f"{env['machine']}, {env['timestamp_utc'][:16]} UTC; {env['load']}"
         " (a shared machine: other test runs beside this one)",
@@ -184,7 +187,7 @@ def _caption(env: dict, results: list[Result]) -> str:
         factor = LOGIT_FACTOR["eager"]
         lines.append(f"x: eager's predicted need at N = {', '.join(over)} (N x V x 4 B x {factor:g}, plus the inputs "
                      f"and their gradients), past the {env['limit_gib']:.0f} GiB limit: not run")  # fmt: skip
-    lines += [f"not run at N = {', '.join(ns)}: {k}" for k, ns in skipped.items()]
+    lines += [f"not run at N = {ns}: {op_name} {', '.join(ps)}: {why}" for (op_name, ns, why), ps in skipped.items()]
     for op_name in OPS:
         reached = {report.tokens(r.shape) for r in results if r.op == op_name}
         left = [n for n in env["eager_need_gib"] if int(n) not in reached]
