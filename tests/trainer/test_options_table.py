@@ -32,6 +32,7 @@ OPTIONS = {
         dict(engine="vllm", async_staleness=0, rollout_gpus="1", device="cuda"),
         ("rollout_gpus", "async_staleness"),
     ),
+    "tools": (dict(tools="python"), ("tools",)),
 }
 VALUES_OF_ONE = {frozenset(("async K=0", "async K>=1"))}
 
