@@ -76,8 +76,8 @@ def advantages(total: torch.Tensor, config, batch_std: float | None = None) -> t
 def to_samples(completions, adv: list[float], flat: torch.Tensor, config) -> list[Sample]:
     """Training samples: zero-variance groups dropped if `filter_zero_std`; truncated ones masked if asked.
 
-    Tokens an engine inserted (the thinking budget's sentence and marker) get token mask 0: the policy did
-    not sample them, so they carry no loss and no importance ratio.
+    Tokens an engine inserted (the thinking budget's sentence and marker, tool observations) get token mask 0:
+    the policy did not sample them, so they carry no loss and no importance ratio.
     """
     G = config.group_size
     drop = flat.repeat_interleave(G).tolist() if config.filter_zero_std else [False] * len(completions)
@@ -90,12 +90,13 @@ def to_samples(completions, adv: list[float], flat: torch.Tensor, config) -> lis
 
 
 def sampled_mask(completion) -> list[float] | None:
-    """1.0 for each completion token the policy sampled, 0.0 for inserted ones; None when all were sampled."""
-    if completion.inserted is None:
+    """1.0 for each completion token the policy sampled, 0.0 for inserted ones; None when no span was inserted."""
+    if not completion.inserted:
         return None
-    start, end = completion.inserted
-    n = len(completion.completion_ids)
-    return [1.0] * start + [0.0] * (end - start) + [1.0] * (n - end)
+    mask = [1.0] * len(completion.completion_ids)
+    for start, end, _ in completion.inserted:
+        mask[start:end] = [0.0] * (end - start)
+    return mask
 
 
 def rollout_sums(completions, prompt_lengths: list[int], scores: Scores, flat: torch.Tensor, config) -> dict:
@@ -112,8 +113,8 @@ def rollout_sums(completions, prompt_lengths: list[int], scores: Scores, flat: t
 
 
 def _thinking_sums(completions) -> dict:
-    cut = [c.inserted for c in completions if c.inserted is not None]
-    return {"thinking_cut": len(cut), "thinking_inserted": sum(end - start for start, end in cut)}
+    cut = [span for c in completions for span in c.inserted if span.kind == "thinking"]
+    return {"thinking_cut": len(cut), "thinking_inserted": sum(span.end - span.start for span in cut)}
 
 
 def rollout_metrics(sums: dict, length_max: float) -> dict:
