@@ -61,8 +61,8 @@ def check_tool_options(c) -> None:
     """The tool fields alone and together with the rest (ConfigError naming the value); called by `TrainConfig`."""
     if c.max_tool_calls < 0:
         raise ConfigError("max_tool_calls", c.max_tool_calls, "must be >= 0 (0: the tools are never run)")
-    if c.tool_timeout_s <= 0:
-        raise ConfigError("tool_timeout_s", c.tool_timeout_s, "must be > 0 (wall-clock seconds per call)")
+    if not 0 < c.tool_timeout_s < 3600:
+        raise ConfigError("tool_timeout_s", c.tool_timeout_s, "must be in (0, 3600) (wall-clock seconds per call)")
     if c.tool_memory_mb < _MIN_MEMORY_MB:
         raise ConfigError("tool_memory_mb", c.tool_memory_mb, f"must be >= {_MIN_MEMORY_MB} (the interpreter's own)")
     if c.tool_format not in TOOL_FORMATS:

@@ -22,6 +22,7 @@ from ..batching import KeptSets
 from .interface import Completion
 from .sampling import SamplingEngine, resolve_replay
 from .thinking import Request, Sampled, sample_with_budget
+from .tool_turns import sample_with_tools
 
 
 def trim_completion(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
@@ -86,7 +87,8 @@ class HFEngine(SamplingEngine):
     """Sampling with `model.generate` on the training model itself (CPU, or GPU without vLLM).
 
     Prompts are left-padded; the model computes positions from the attention mask, so a padded prompt
-    samples exactly like an unpadded one. With a thinking budget (`thinking.py`) it samples in rounds.
+    samples exactly like an unpadded one. With a thinking budget (`thinking.py`) or tools (`tool_turns.py`) it
+    samples in rounds.
     """
 
     def __init__(self, model, tokenizer, config):
@@ -124,6 +126,9 @@ class HFEngine(SamplingEngine):
         def sample_round(requests: list[Request]) -> list[Sampled]:
             return self._sample(requests, want_logprobs)
 
+        if self.tools is not None:
+            return sample_with_tools(prompts, n, self.tools, self.max_new_tokens, self.min_new_tokens,
+                                     set(self.eos_ids), sample_round, want_logprobs)  # fmt: skip
         if self.thinking is not None:
             return sample_with_budget(prompts, n, self.thinking, self.max_new_tokens, self.min_new_tokens,
                                       set(self.eos_ids), sample_round, want_logprobs)  # fmt: skip
