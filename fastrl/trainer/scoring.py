@@ -21,6 +21,7 @@ from fastrl.rewards import batch_accuracy_reward, length_penalty, overlong_penal
 
 from .advantages import group_advantages, zero_std_groups
 from .batching import Sample
+from .rollout.tool_turns import tool_metrics, tool_sums
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ def rollout_sums(completions, prompt_lengths: list[int], scores: Scores, flat: t
         "prompt_tokens": sum(prompt_lengths) * config.group_size,
         **{f"reward_{k}_mean": sum(v) for k, v in scores.per_fn.items()},
         **(_thinking_sums(completions) if config.thinking_budget else {}),
+        **tool_sums(completions),
     }  # fmt: skip
 
 
@@ -134,4 +136,4 @@ def rollout_metrics(sums: dict, length_max: float) -> dict:
     if "thinking_cut" in sums:  # a thinking budget: the share of completions cut, the tokens inserted in all
         out["thinking_budget_cut_frac"] = sums["thinking_cut"] / n
         out["thinking_budget_inserted_tokens"] = sums["thinking_inserted"]
-    return out
+    return {**out, **tool_metrics(sums)}

@@ -13,13 +13,13 @@ from fastrl.trainer import scoring
 from fastrl.trainer.config import make_config
 from fastrl.trainer.rollout import HFEngine
 from fastrl.trainer.rollout.interface import Completion, InsertedSpan
-from fastrl.trainer.rollout.tool_turns import ToolCompletion, tool_metrics, tool_sums
+from fastrl.trainer.rollout.tool_turns import ToolCompletion, tool_sums
 
 OPEN, CLOSE = "```python\n", "```"
 CODE = {"six": "print(6*7)\n", "zero": "1/0\n", "loop": "while 1: pass\n"}
 
 
-def _tokenizer():
+def markup_tokenizer():
     chars = sorted(set(string.printable) - {"\r", "\x0b", "\x0c"})
     vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", *chars])}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -33,12 +33,12 @@ def _tokenizer():
     return tok
 
 
-def _bigram_model(tok, successor: dict[str, str]):
+def bigram_model(tok, successor: dict[str, str]):
     """A Qwen2 whose next token depends on the current one only: `successor[token]`, else the end token."""
     vocab = len(tok)
-    width = -(-vocab // 8) * 8  # four heads of an even size (rotary halves)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=width, intermediate_size=8, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+    assert vocab <= 128, vocab  # one-hot embeddings: the width holds the vocabulary
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=8, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
                       tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
     model = Qwen2ForCausalLM(cfg)
     ids = {t: tok.convert_tokens_to_ids(t) for t in tok.get_vocab()}
@@ -57,10 +57,10 @@ def _bigram_model(tok, successor: dict[str, str]):
 def _engine(tok, successor, **overrides):
     values = dict(tools="python", max_completion_length=80, max_prompt_length=8, device="cpu", top_k=0)
     config = make_config("tiny", **{**values, **overrides})
-    return HFEngine(_bigram_model(tok, successor), tok, config), config
+    return HFEngine(bigram_model(tok, successor), tok, config), config
 
 
-class _TableSandbox:
+class TableSandbox:
     """A `fastrl.tools.Sandbox` that answers from a table (the local sandbox's own tests live in tests/tools)."""
 
     def __init__(self, table: dict[str, ToolResult]):
@@ -71,16 +71,16 @@ class _TableSandbox:
         return self.table[code]
 
 
-def _chain(code: str, again: bool = False) -> dict[str, str]:
+def chain(code: str, again: bool = False) -> dict[str, str]:
     """?: a call running `code`; after its observation (which ends with a newline) the end, or another call."""
     after = OPEN if again else "</s>"
     return {"?": OPEN, OPEN: code, code: CLOSE, CLOSE: "\n", "\n": after, CLOSE + "\n": after}
 
 
 def test_trainer_ids_are_the_samplers_token_for_token_across_turns(monkeypatch):
-    tok = _tokenizer()
-    engine, config = _engine(tok, _chain(CODE["six"], again=True), max_tool_calls=3)
-    engine.tools.sandbox = _TableSandbox({CODE["six"]: ToolResult("42\n", "ok")})
+    tok = markup_tokenizer()
+    engine, config = _engine(tok, chain(CODE["six"], again=True), max_tool_calls=3)
+    engine.tools.sandbox = TableSandbox({CODE["six"]: ToolResult("42\n", "ok")})
     rounds = []
     sample = engine._sample
 
@@ -114,18 +114,18 @@ def test_trainer_ids_are_the_samplers_token_for_token_across_turns(monkeypatch):
 
 
 def test_max_tool_calls_zero_runs_nothing_and_the_completion_ends_at_its_end_token():
-    tok = _tokenizer()
-    engine, _ = _engine(tok, _chain(CODE["six"]), max_tool_calls=0)
-    engine.tools.sandbox = sandbox = _TableSandbox({})
+    tok = markup_tokenizer()
+    engine, _ = _engine(tok, chain(CODE["six"]), max_tool_calls=0)
+    engine.tools.sandbox = sandbox = TableSandbox({})
     (comp,) = engine.generate([tok.encode("?", add_special_tokens=False)], 1)
     assert tok.decode(comp.completion_ids) == OPEN + CODE["six"] + CLOSE + "\n</s>"
     assert not comp.truncated and comp.inserted == () and sandbox.calls == [] and comp.tool_calls == 0
 
 
 def test_an_observation_past_the_length_cap_is_cut_there():
-    tok = _tokenizer()
-    engine, _ = _engine(tok, _chain(CODE["six"]), max_completion_length=10)
-    engine.tools.sandbox = _TableSandbox({CODE["six"]: ToolResult("42\n", "ok")})
+    tok = markup_tokenizer()
+    engine, _ = _engine(tok, chain(CODE["six"]), max_completion_length=10)
+    engine.tools.sandbox = TableSandbox({CODE["six"]: ToolResult("42\n", "ok")})
     (comp,) = engine.generate([tok.encode("?", add_special_tokens=False)], 1)
     assert len(comp.completion_ids) == 10 and comp.truncated
     assert comp.inserted == (InsertedSpan(3, 10, "tool"),)
@@ -133,9 +133,9 @@ def test_an_observation_past_the_length_cap_is_cut_there():
 
 
 def test_errors_and_timeouts_are_observations_and_metrics():
-    tok = _tokenizer()
-    engine, _ = _engine(tok, _chain(CODE["zero"]), tool_timeout_s=0.5, tool_memory_mb=256)
-    sandbox = _TableSandbox({CODE["zero"]: ToolResult("ZeroDivisionError: division by zero\n", "error")})
+    tok = markup_tokenizer()
+    engine, _ = _engine(tok, chain(CODE["zero"]), tool_timeout_s=0.5, tool_memory_mb=256)
+    sandbox = TableSandbox({CODE["zero"]: ToolResult("ZeroDivisionError: division by zero\n", "error")})
     engine.tools.sandbox = sandbox
     prompt = tok.encode("?", add_special_tokens=False)
     comps = engine.generate([prompt], 2)
@@ -144,8 +144,10 @@ def test_errors_and_timeouts_are_observations_and_metrics():
     sandbox.table[CODE["zero"]] = ToolResult("", "timeout")
     (late,) = engine.generate([prompt], 1)
     assert tok.decode(late.completion_ids).endswith("```output\n\n[timed out after 0.5 s]\n```\n</s>")
-    sums = tool_sums([*comps, late])
-    metrics = tool_metrics({**sums, "n": 3})
+    batch = [*comps, late]
+    scores = scoring.Scores(torch.zeros(3, dtype=torch.float64), [0.0] * 3, {})
+    config = make_config("tiny", tools="python", group_size=3)
+    metrics = scoring.rollout_metrics(scoring.rollout_sums(batch, [1], scores, torch.zeros(1), config), 80)
     assert metrics["tool_calls_mean"] == 1.0 and metrics["tool_errors_frac"] == pytest.approx(2 / 3)
     assert metrics["tool_timeouts"] == 1 and metrics["tool_time_s"] >= 0.0
     assert isinstance(late, ToolCompletion) and tool_sums([Completion([1], [2], False)]) == {}
@@ -153,10 +155,10 @@ def test_errors_and_timeouts_are_observations_and_metrics():
 
 @pytest.mark.slow
 def test_the_local_sandbox_runs_the_calls_errors_and_timeouts_included():
-    tok = _tokenizer()
+    tok = markup_tokenizer()
     for code, status, said in [("six", "ok", "42"), ("zero", "error", "ZeroDivisionError"),
                                ("loop", "timeout", "[timed out after 1 s]")]:  # fmt: skip
-        engine, _ = _engine(tok, _chain(CODE[code]), tool_timeout_s=1.0, max_completion_length=120)
+        engine, _ = _engine(tok, chain(CODE[code]), tool_timeout_s=1.0, max_completion_length=120)
         comps = engine.generate([tok.encode("?", add_special_tokens=False)], 2)
         for c in comps:
             assert said in tok.decode(c.completion_ids), (code, tok.decode(c.completion_ids))
