@@ -17,6 +17,21 @@ from fastrl.trainer.rollout.tool_turns import ToolCompletion, tool_sums
 
 OPEN, CLOSE = "```python\n", "```"
 CODE = {"six": "print(6*7)\n", "zero": "1/0\n", "loop": "while 1: pass\n"}
+HERMES = ("<tool_call>\n", '{"name": "word_count", "arguments": {"text": "a b c"}}', "\n</tool_call>")
+CHATML = (
+    "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def word_count(text: str) -> int:
+    """The number of words in a text.
+
+    Args:
+        text: the text whose words are counted.
+    """
+    return len(text.split())
 
 
 def markup_tokenizer():
@@ -29,7 +44,8 @@ def markup_tokenizer():
                                   clean_up_tokenization_spaces=False)  # fmt: skip
     # "```\n" makes the decoded whole tokenize differently from the sampled ids: a closing fence sampled before an
     # observation's first newline would merge with it
-    tok.add_tokens([OPEN, CLOSE, CLOSE + "\n", *CODE.values()])
+    tok.add_tokens([OPEN, CLOSE, CLOSE + "\n", *CODE.values(), *HERMES, "<|im_start|>", "<|im_end|>"])
+    tok.chat_template = CHATML
     return tok
 
 
@@ -163,3 +179,17 @@ def test_the_local_sandbox_runs_the_calls_errors_and_timeouts_included():
         for c in comps:
             assert said in tok.decode(c.completion_ids), (code, tok.decode(c.completion_ids))
             assert c.tool_calls == 1 and (c.tool_errors, c.tool_timeouts) == (status == "error", status == "timeout")
+
+
+def test_a_user_tool_in_the_hermes_format_answers_through_the_chat_template():
+    tok = markup_tokenizer()
+    successor = {"?": HERMES[0], HERMES[0]: HERMES[1], HERMES[1]: HERMES[2], HERMES[2]: "<|im_end|>"}
+    engine, _ = _engine(tok, successor, tools=f"{__name__}:word_count", tool_format="hermes", chat_template=True)
+    assert engine.tools.tools == {"word_count": word_count}
+    (comp,) = engine.generate([tok.encode("?", add_special_tokens=False)], 1)
+    observation = (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert tok.decode(comp.completion_ids) == "".join(HERMES) + observation + "</s>"
+    assert comp.inserted == (InsertedSpan(3, 3 + len(tok.encode(observation, add_special_tokens=False)), "tool"),)
+    assert comp.tool_calls == 1 and comp.tool_errors == 0 and not comp.truncated
