@@ -193,3 +193,18 @@ def test_a_user_tool_in_the_hermes_format_answers_through_the_chat_template():
     assert tok.decode(comp.completion_ids) == "".join(HERMES) + observation + "</s>"
     assert comp.inserted == (InsertedSpan(3, 3 + len(tok.encode(observation, add_special_tokens=False)), "tool"),)
     assert comp.tool_calls == 1 and comp.tool_errors == 0 and not comp.truncated
+
+
+def test_replay_keeps_the_sampled_tokens_sets_and_gives_observations_empty_ones():
+    tok = markup_tokenizer()
+    engine, _ = _engine(tok, chain(CODE["six"], again=True), max_tool_calls=2, top_p=0.9, sampler_replay="on")
+    engine.tools.sandbox = TableSandbox({CODE["six"]: ToolResult("42\n", "ok")})
+    (comp,) = engine.generate([tok.encode("?", add_special_tokens=False)], 1)
+    assert engine.replay and comp.kept.counts.numel() == len(comp.completion_ids) == 80
+    inserted = {i for a, b, _ in comp.inserted for i in range(a, b)}
+    assert len(comp.inserted) == 2 and len(inserted) > 0
+    # top-p 0.9 keeps the one likely id of each sampled token (the bigram machine's), none of an observation's
+    assert comp.kept.counts.tolist() == [0 if i in inserted else 1 for i in range(80)]
+    starts = [0, *comp.kept.counts.cumsum(0).tolist()]
+    for i, token in enumerate(comp.completion_ids):  # each sampled token is in its own kept set
+        assert i in inserted or token in comp.kept.ids[starts[i] : starts[i + 1]].tolist(), i
