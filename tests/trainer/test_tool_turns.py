@@ -11,9 +11,11 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from fastrl.tools import ToolResult
 from fastrl.trainer import scoring
 from fastrl.trainer.config import make_config
+from fastrl.trainer.metrics import read_metrics
 from fastrl.trainer.rollout import HFEngine
 from fastrl.trainer.rollout.interface import Completion, InsertedSpan
 from fastrl.trainer.rollout.tool_turns import ToolCompletion, tool_sums
+from fastrl.trainer.trainer import train
 
 OPEN, CLOSE = "```python\n", "```"
 CODE = {"six": "print(6*7)\n", "zero": "1/0\n", "loop": "while 1: pass\n"}
@@ -208,3 +210,22 @@ def test_replay_keeps_the_sampled_tokens_sets_and_gives_observations_empty_ones(
     starts = [0, *comp.kept.counts.cumsum(0).tolist()]
     for i, token in enumerate(comp.completion_ids):  # each sampled token is in its own kept set
         assert i in inserted or token in comp.kept.ids[starts[i] : starts[i + 1]].tolist(), i
+
+
+@pytest.mark.slow
+def test_a_training_run_with_the_python_tool_logs_the_tool_metrics(tmp_path):
+    """train() end to end on a model directory: the local sandbox runs each completion's call, the step trains on the
+    sampled tokens only, and the step's row carries the tool metrics."""
+    tok = markup_tokenizer()
+    bigram_model(tok, chain(CODE["six"])).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "?", "answer": "42"}\n' * 4)
+    config = make_config(model=str(tmp_path / "model"), dataset=str(data), rewards=("accuracy:1.0",), tools="python",
+                         output_dir=str(tmp_path / "run"), max_steps=1, prompts_per_step=2, group_size=2,
+                         max_completion_length=40, max_prompt_length=8, progress=False, device="cpu", lr=1e-4,
+                         log_entropy=False, is_cap=2.0)  # fmt: skip
+    train(config)
+    (row,) = read_metrics(str(tmp_path / "run"))
+    assert row["tool_calls_mean"] == 1.0 and row["tool_errors_frac"] == 0.0 and row["tool_timeouts"] == 0
+    assert 0.0 < row["tool_time_s"] < 4 * config.tool_timeout_s
