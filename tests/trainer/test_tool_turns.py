@@ -112,7 +112,9 @@ def test_trainer_ids_are_the_samplers_token_for_token_across_turns(monkeypatch):
     (comp,) = engine.generate([prompt], 1, want_logprobs=True)
     observation = tok.encode("\n```output\n42\n\n```\n", add_special_tokens=False)
     call = tok.encode(OPEN + CODE["six"] + CLOSE, add_special_tokens=False)
-    assert len(call) == 3 and len(rounds) == 4  # three calls, then a round that runs past max_tool_calls
+    # the engine stops each round at the token that closes a call: three rounds end at their calls, and rounds go on
+    # past max_tool_calls (stopping at the calls the loop no longer runs) to the length cap
+    assert len(call) == 3 and [new for ((_, new),) in rounds[:3]] == [call] * 3 and len(rounds) > 3
     assert comp.completion_ids[: 3 * len(call + observation)] == 3 * (call + observation)
     # each round continued exactly the ids the completion had: the sampled ones, then the observation's
     for r, ((ctx, new),) in enumerate(rounds):
