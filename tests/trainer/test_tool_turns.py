@@ -2,6 +2,7 @@
 token's successor is fixed), so each test knows which calls the completion makes."""
 
 import string
+import time
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from fastrl.trainer.trainer import train
 OPEN, CLOSE = "```python\n", "```"
 CODE = {"six": "print(6*7)\n", "zero": "1/0\n", "loop": "while 1: pass\n"}
 HERMES = ("<tool_call>\n", '{"name": "word_count", "arguments": {"text": "a b c"}}', "\n</tool_call>")
+NAP = '{"name": "nap", "arguments": {}}'  # a call of a user tool that outlives its timeout
 CHATML = (
     "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
     "</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
@@ -36,6 +38,12 @@ def word_count(text: str) -> int:
     return len(text.split())
 
 
+def nap() -> str:
+    """Sleeps past the test's tool timeout."""
+    time.sleep(3.0)
+    return "rested"
+
+
 def markup_tokenizer():
     chars = sorted(set(string.printable) - {"\r", "\x0b", "\x0c"})
     vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", *chars])}
@@ -46,7 +54,7 @@ def markup_tokenizer():
                                   clean_up_tokenization_spaces=False)  # fmt: skip
     # "```\n" makes the decoded whole tokenize differently from the sampled ids: a closing fence sampled before an
     # observation's first newline would merge with it
-    tok.add_tokens([OPEN, CLOSE, CLOSE + "\n", *CODE.values(), *HERMES, "<|im_start|>", "<|im_end|>"])
+    tok.add_tokens([OPEN, CLOSE, CLOSE + "\n", *CODE.values(), *HERMES, NAP, "<|im_start|>", "<|im_end|>"])
     tok.chat_template = CHATML
     return tok
 
@@ -231,3 +239,15 @@ def test_a_training_run_with_the_python_tool_logs_the_tool_metrics(tmp_path):
     (row,) = read_metrics(str(tmp_path / "run"))
     assert row["tool_calls_mean"] == 1.0 and row["tool_errors_frac"] == 0.0 and row["tool_timeouts"] == 0
     assert 0.0 < row["tool_time_s"] < 4 * config.tool_timeout_s
+
+
+def test_a_user_tool_past_its_timeout_is_a_timeout_observation():
+    tok = markup_tokenizer()
+    successor = {"?": HERMES[0], HERMES[0]: NAP, NAP: HERMES[2], HERMES[2]: "<|im_end|>"}
+    engine, _ = _engine(tok, successor, tools=f"{__name__}:nap", tool_format="hermes", chat_template=True,
+                        tool_timeout_s=0.2)  # fmt: skip
+    t0 = time.perf_counter()
+    (comp,) = engine.generate([tok.encode("?", add_special_tokens=False)], 1)
+    assert time.perf_counter() - t0 < 2.5  # the rollout did not wait out the tool's 3 s
+    assert "<tool_response>\n\n[timed out after 0.2 s]\n</tool_response>" in tok.decode(comp.completion_ids)
+    assert (comp.tool_calls, comp.tool_timeouts, comp.tool_errors) == (1, 1, 0)
