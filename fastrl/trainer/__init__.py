@@ -16,6 +16,7 @@
       vllm_engine.py         vLLM in the trainer's process
       vllm_kept.py           the kept sets vLLM sampled from: its sampling mask, or our recording logits processor
       thinking.py            the thinking budget: sampling in rounds
+      tool_turns.py          multi-turn tool rollouts: cut at a call, run the round's calls, append observation ids
       async_worker.py        the rollout process of --async-staleness: its vLLM engine, seeds, partial rollouts
       async_client.py        the trainer's side of it: spawn, submit, groups, heartbeat and death detection
       process_setup.py       the rollout process's own setup: dying with its parent, its CPU cores
@@ -38,6 +39,7 @@
     trackers.py            --report-to: TensorBoard, W&B, MLflow (rank 0 only, imported when asked for, resumable)
     eval_metrics.py        held-out evaluation metrics: unbiased pass@k, mean@k, maj@k; eval/step-N.jsonl
     eval_sets.py           held-out arithmetic problems the training stream never draws
+    tool_options.py        the tool options (--tools, --tool-format, ...): the tools they name, their checks
     eval_options.py        the eval options: eval sets by name, their checks at config time, when an eval is due
     evaluation.py          evaluation during training: loading the sets, sampling without gradient, gathering to rank 0
     plot.py                `fastrl plot`: a run's curves (or several runs' overlaid) as one PNG

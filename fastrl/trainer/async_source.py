@@ -97,15 +97,15 @@ def nccl_link(plan: DevicePlan, visible: tuple[int, ...], rank: int) -> tuple[st
 
 
 def completions_of(groups) -> list[Completion]:
-    """The groups' completions, with their kept sets (received as NumPy arrays) and the thinking budget's inserted
-    spans where the rollout process sent them."""
+    """The groups' completions, with their kept sets (received as NumPy arrays) and their inserted spans where the
+    rollout process sent them."""
     out = []
     for g in groups:
         kept = g.kept or [None] * len(g.completion_ids)
-        inserted = g.inserted or [None] * len(g.completion_ids)
-        for ids, lps, cut, sets, span in zip(g.completion_ids, g.logprobs, g.truncated, kept, inserted):
+        inserted = g.inserted or [()] * len(g.completion_ids)
+        for ids, lps, cut, sets, spans in zip(g.completion_ids, g.logprobs, g.truncated, kept, inserted):
             sets = None if sets is None else KeptSets(torch.from_numpy(sets[0]), torch.from_numpy(sets[1]))
-            out.append(Completion(list(g.prompt_ids), list(ids), cut, list(lps), span, sets))
+            out.append(Completion(list(g.prompt_ids), list(ids), cut, list(lps), tuple(spans), sets))
     return out
 
 

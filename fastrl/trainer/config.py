@@ -22,6 +22,7 @@ from fastrl.losses import LossConfig, SamplerSettings
 from .eval_options import check_eval_options
 from .presets import PRESETS, read_config_file
 from .sequence_parallel import check_token_local
+from .tool_options import check_tool_options, check_tool_world
 from .trackers import parse_report_to
 from .validate import ConfigError, check_fields, check_value, coerce
 
@@ -86,6 +87,12 @@ class TrainConfig:
     think_end: str = "</think>"  # closes it
     thinking_stop_text: str = STOP_THINKING  # inserted before think_end when the budget runs out
     min_completion_length: int = 0  # no end token before this many tokens (forces long rollouts, for tests)
+    # --- tools inside the chain of thought (tool_options.py, rollout/tool_turns.py; docs/trainer.md "Tools") ---
+    tools: str = ""  # comma list of python (the sandboxed interpreter) and / or module:function ("" = off)
+    max_tool_calls: int = 4  # tool calls per completion; later calls are not run (0: never run)
+    tool_format: str = "code"  # code: ```python blocks and ```output observations; hermes: chat template, <tool_call>
+    tool_timeout_s: float = 10.0  # wall-clock limit of one python call (its CPU-time limit too)
+    tool_memory_mb: int = 1024  # address-space limit of one python call
     # --- rewards and advantages ---
     rewards: tuple = ("accuracy:1.0", "format:0.1")  # "name:weight" (accuracy, format) or "module:function:weight"
     length_penalty: float = 0.0  # weight of the Kimi k1.5 length penalty (0 = off)
@@ -161,6 +168,7 @@ class TrainConfig:
                 raise ConfigError("sequence_parallel", self.sequence_parallel, str(e)) from None
         _check_async(self)
         check_eval_options(self)
+        check_tool_options(self)
         if self.sampler_replay == "on" and (reason := replay_blocker(self)) is not None:
             raise ConfigError("sampler_replay", "on", reason)
         if self.resume and self.overwrite:
@@ -240,6 +248,7 @@ def check_world(c: TrainConfig, world: int) -> None:
     if world % c.sequence_parallel:
         raise ConfigError("sequence_parallel", c.sequence_parallel, f"must divide the world size {world} (each "
                           "sequence group is one data-parallel replica)")  # fmt: skip
+    check_tool_world(c, world)
 
 
 def replay_blocker(c: TrainConfig) -> str | None:

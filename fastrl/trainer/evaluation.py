@@ -41,6 +41,8 @@ from .validate import ConfigError
 
 __all__ = ["Evaluator", "load_eval_sets", "rng_kept"]
 
+TOOL_FIELDS = ("tools", "tool_format", "max_tool_calls", "tool_timeout_s", "tool_memory_mb")
+
 FRESH_DRAWS_SEED = 7_777_777  # added to the seed: `arithmetic:<N>` eval sets draw apart from the training list
 FRESH_DRAWS = 256  # problems of an `arithmetic:<N>` eval set (eval_max_problems, when set, takes its first M)
 
@@ -95,13 +97,18 @@ def rng_kept():
 @dataclass(frozen=True)
 class _EvalSampling:
     """What an engine reads of a config (`rollout.SamplingEngine`), for eval: no thinking budget, forced length or
-    kept sets."""
+    kept sets; the training run's tools (a model trained to call them is evaluated with them)."""
 
     sampler: SamplerSettings
     max_completion_length: int
     min_completion_length: int = 0
     thinking_budget: int = 0
     sampler_replay: str = "off"
+    tools: str = ""
+    tool_format: str = "code"
+    max_tool_calls: int = 0
+    tool_timeout_s: float = 10.0
+    tool_memory_mb: int = 1024
 
 
 def _eval_seed(seed: int, step: int, rank: int, index: int = 0, sample: int = 0) -> int:
@@ -120,7 +127,8 @@ class Evaluator:
             greedy = self.temperature == 0
             c = config
             sampler = SamplerSettings() if greedy else SamplerSettings(self.temperature, c.top_k, c.top_p, c.min_p)
-            self.hf = HFEngine(run.model, run.tokenizer, _EvalSampling(sampler, c.max_completion_length))
+            tools = {name: getattr(c, name) for name in TOOL_FIELDS}
+            self.hf = HFEngine(run.model, run.tokenizer, _EvalSampling(sampler, c.max_completion_length, **tools))
             self.hf.generation_config.do_sample = not greedy  # greedy: generate's argmax, no warper, no draw
 
     def evaluate(self, run, step: int) -> dict:

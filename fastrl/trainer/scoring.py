@@ -23,6 +23,7 @@ from fastrl.rewards import batch_accuracy_reward, length_penalty, overlong_penal
 
 from .advantages import group_advantages, zero_std_groups
 from .batching import Sample
+from .rollout.tool_turns import tool_metrics, tool_sums
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,8 @@ def advantages(total: torch.Tensor, settings: ScoringSettings, batch_std: float 
 def to_samples(completions, adv: list[float], flat: torch.Tensor, settings: ScoringSettings) -> list[Sample]:
     """Training samples: zero-variance groups dropped if `filter_zero_std`; truncated ones masked if asked.
 
-    Tokens an engine inserted (the thinking budget's sentence and marker) get token mask 0: the policy did
-    not sample them, so they carry no loss and no importance ratio.
+    Tokens an engine inserted (the thinking budget's sentence and marker, tool observations) get token mask 0:
+    the policy did not sample them, so they carry no loss and no importance ratio.
     """
     G = settings.group_size
     drop = flat.repeat_interleave(G).tolist() if settings.filter_zero_std else [False] * len(completions)
@@ -112,12 +113,13 @@ def to_samples(completions, adv: list[float], flat: torch.Tensor, settings: Scor
 
 
 def sampled_mask(completion) -> list[float] | None:
-    """1.0 for each completion token the policy sampled, 0.0 for inserted ones; None when all were sampled."""
-    if completion.inserted is None:
+    """1.0 for each completion token the policy sampled, 0.0 for inserted ones; None when no span was inserted."""
+    if not completion.inserted:
         return None
-    start, end = completion.inserted
-    n = len(completion.completion_ids)
-    return [1.0] * start + [0.0] * (end - start) + [1.0] * (n - end)
+    mask = [1.0] * len(completion.completion_ids)
+    for start, end, _ in completion.inserted:
+        mask[start:end] = [0.0] * (end - start)
+    return mask
 
 
 def rollout_sums(completions, prompt_lengths: list[int], scores: Scores, flat: torch.Tensor,
@@ -131,12 +133,13 @@ def rollout_sums(completions, prompt_lengths: list[int], scores: Scores, flat: t
         "prompt_tokens": sum(prompt_lengths) * settings.group_size,
         **{f"reward_{k}_mean": sum(v) for k, v in scores.per_fn.items()},
         **(_thinking_sums(completions) if settings.thinking_budget else {}),
+        **tool_sums(completions),
     }  # fmt: skip
 
 
 def _thinking_sums(completions) -> dict:
-    cut = [c.inserted for c in completions if c.inserted is not None]
-    return {"thinking_cut": len(cut), "thinking_inserted": sum(end - start for start, end in cut)}
+    cut = [span for c in completions for span in c.inserted if span.kind == "thinking"]
+    return {"thinking_cut": len(cut), "thinking_inserted": sum(span.end - span.start for span in cut)}
 
 
 def rollout_metrics(sums: dict, length_max: float) -> dict:
@@ -156,4 +159,4 @@ def rollout_metrics(sums: dict, length_max: float) -> dict:
     if "thinking_cut" in sums:  # a thinking budget: the share of completions cut, the tokens inserted in all
         out["thinking_budget_cut_frac"] = sums["thinking_cut"] / n
         out["thinking_budget_inserted_tokens"] = sums["thinking_inserted"]
-    return out
+    return {**out, **tool_metrics(sums)}

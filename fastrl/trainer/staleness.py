@@ -34,8 +34,8 @@ class RolloutGroup:
     # per completion, with `--sampler-replay`: the sampler's kept sets as NumPy int32 arrays (ids [M], counts [T]),
     # the pieces of a partial rollout concatenated in order (`batching.KeptSets` once received); None without
     kept: list[tuple] | None = None
-    # per completion, with a thinking budget: the [start, end) tokens the engine inserted (None: none), else None
-    inserted: list[tuple[int, int] | None] | None = None
+    # per completion: the spans the engine inserted, not sampled (`rollout.interface.InsertedSpan`s); None: none
+    inserted: list[tuple] | None = None
 
     def __post_init__(self):
         n = len(self.completion_ids)
@@ -58,9 +58,10 @@ class RolloutGroup:
         if self.inserted is not None:
             if len(self.inserted) != n:
                 raise ValueError(f"group {self.prompt_id}: {n} completions but {len(self.inserted)} inserted spans")
-            for ids, span in zip(self.completion_ids, self.inserted):
-                if span is not None and not 0 <= span[0] <= span[1] <= len(ids):
-                    raise ValueError(f"group {self.prompt_id}: inserted span {span} outside its {len(ids)} tokens")
+            from .rollout.interface import check_inserted  # (the rollout package's own import runs this module)
+
+            for ids, spans in zip(self.completion_ids, self.inserted):
+                check_inserted(spans, len(ids), f"group {self.prompt_id}")
 
     @property
     def oldest_version(self) -> int:

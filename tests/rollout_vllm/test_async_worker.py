@@ -19,6 +19,7 @@ from vllm_reference import TOL, alive, hf_logprobs, tiny_config, tiny_pair
 
 from fastrl.trainer.rollout.async_client import AsyncRollout, RolloutWorkerError
 from fastrl.trainer.rollout.async_worker import WorkerSpec, request_seed
+from fastrl.trainer.rollout.interface import InsertedSpan
 from fastrl.trainer.rollout.weight_push import WeightPush
 from fastrl.trainer.staleness import VersionSpan
 from fastrl.trainer.tiny.export import save_tiny
@@ -26,6 +27,12 @@ from fastrl.trainer.tiny.export import save_tiny
 pytestmark = pytest.mark.slow
 SEED = 11
 STATE = {}  # what the tests hand on to the later ones
+
+
+def _span(c) -> tuple[int, int] | None:
+    """A completion's one thinking span as (start, end), None when nothing was inserted."""
+    assert len(c.inserted) <= 1 and all(s.kind == "thinking" for s in c.inserted), c.inserted
+    return tuple(c.inserted[0][:2]) if c.inserted else None
 
 
 def spec_of(config, path, tokenizer, **kw) -> WorkerSpec:
@@ -187,17 +194,18 @@ def test_kept_sets_recorded_per_piece_replay_vllms_logprobs(served):
     cut = groups[3]
     insert = list(budget.insert_ids)
     assert len(insert) == 3 and cut.meta["pieces"] == [4] * 4  # 2 tokens, 1 (the budget's last), 2 + 3 inserted, 1
-    assert cut.inserted == [(3, 6)] * 4
+    assert cut.inserted == [(InsertedSpan(3, 6, "thinking"),)] * 4
     for g in groups[:3]:  # no span in the prompt: an insertion only where the completion opened one itself
-        for ids, span in zip(g.completion_ids, g.inserted):
-            lo, hi = span or (0, 0)
-            assert span is None or (find(ids, budget.start_ids) >= 0 and ids[lo:hi] == insert[: hi - lo])
+        for ids, spans in zip(g.completion_ids, g.inserted):
+            lo, hi, _ = spans[0] if spans else (0, 0, None)
+            assert len(spans) <= 1
+            assert not spans or (find(ids, budget.start_ids) >= 0 and ids[lo:hi] == insert[: hi - lo])
     for ids, lps, spans, (kept_ids, counts) in zip(cut.completion_ids, cut.logprobs, cut.spans, cut.kept):
         assert len(ids) == 9 and ids[3:6] == insert and lps[3:6] == [0.0] * 3
         assert spans == (VersionSpan(0, 0, 2), VersionSpan(1, 2, 9))
         assert counts[3:6].tolist() == [0, 0, 0] and (counts[:3] >= 1).all() and (counts[6:] >= 1).all()
     comps = completions_of(groups)
-    sampled = torch.tensor([c.inserted is None or not c.inserted[0] <= i < c.inserted[1]
+    sampled = torch.tensor([_span(c) is None or not _span(c)[0] <= i < _span(c)[1]
                             for c in comps for i in range(len(c.completion_ids))])  # fmt: skip
     vllm = torch.tensor([x for c in comps for x in c.logprobs])
     sizes = torch.cat([c.kept.counts for c in comps])
@@ -212,7 +220,7 @@ def test_kept_sets_recorded_per_piece_replay_vllms_logprobs(served):
         for c, s in zip(comps, samples):
             starts = torch.cat([torch.zeros(1, dtype=torch.int64), s.kept.counts.long().cumsum(0)])
             sets = [s.kept.ids[starts[i] : starts[i + 1]].tolist() for i in range(len(s.kept))]
-            lo, hi = c.inserted or (0, 0)
+            lo, hi = _span(c) or (0, 0)
             outside += sum(t not in kept for i, (t, kept) in enumerate(zip(c.completion_ids, sets)) if not lo <= i < hi)
         return (lp - vllm)[sampled].abs(), outside
 

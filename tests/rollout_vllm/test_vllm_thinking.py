@@ -16,6 +16,12 @@ from fastrl.trainer.update import StepSettings, sequence_logprobs
 N, M, STOP = 5, 30, " stop."
 
 
+def _span(c) -> tuple[int, int] | None:
+    """A completion's one thinking span as (start, end), None when nothing was inserted."""
+    assert len(c.inserted) <= 1 and all(s.kind == "thinking" for s in c.inserted), c.inserted
+    return tuple(c.inserted[0][:2]) if c.inserted else None
+
+
 @pytest.fixture(scope="module")
 def rollouts():
     """Two completions of each prompt, every one forced to M tokens; the first two prompts open the span."""
@@ -36,7 +42,7 @@ def rollouts():
 
 
 def sampled(c) -> torch.Tensor:
-    return torch.tensor([not (c.inserted and c.inserted[0] <= i < c.inserted[1]) for i in range(len(c.completion_ids))])
+    return torch.tensor([not (_span(c) and _span(c)[0] <= i < _span(c)[1]) for i in range(len(c.completion_ids))])
 
 
 @torch.no_grad()
@@ -45,10 +51,10 @@ def test_vllm_inserts_at_the_budget_and_samples_the_answer_after_it(rollouts):
     insert = tokenizer.encode(STOP + "</think>")
     for c in comps[:4]:
         assert len(c.completion_ids) == M and c.truncated
-        assert c.inserted == (N, N + len(insert)) and c.completion_ids[N : N + len(insert)] == insert
+        assert _span(c) == (N, N + len(insert)) and c.completion_ids[N : N + len(insert)] == insert
     for c in comps[4:]:  # no span in the prompt: nothing inserted unless the model opened one itself
         assert len(c.completion_ids) == M
-        assert c.inserted is None or c.completion_ids[c.inserted[0] - N - 1] == tokenizer.encode("<think>")[0]
+        assert _span(c) is None or c.completion_ids[_span(c)[0] - N - 1] == tokenizer.encode("<think>")[0]
     # vLLM's log-probs of the tokens it sampled (after the inserted ones too) are the policy's given everything
     # before them, inserted tokens included, with the end token suppressed below min_completion_length
     for c in comps:
@@ -68,11 +74,11 @@ def test_inserted_tokens_are_masked_out_of_the_loss(rollouts):
     mask = collate(samples, packed=True, pad_id=tokenizer.pad_token_id)["mask"]
     L = len(tokenizer.encode(STOP + "</think>"))
     for row, c in enumerate(comps):
-        lo, hi = c.inserted or (M, M)
+        lo, hi = _span(c) or (M, M)
         expected = [1.0] * lo + [0.0] * (hi - lo) + [1.0] * (M - hi)
-        assert samples[row].token_mask == (None if c.inserted is None else expected)
+        assert samples[row].token_mask == (None if _span(c) is None else expected)
         assert mask[row].tolist() == expected
-    assert sum(mask.sum(1).tolist()) == 6 * M - L * sum(c.inserted is not None for c in comps)
+    assert sum(mask.sum(1).tolist()) == 6 * M - L * sum(_span(c) is not None for c in comps)
 
 
 def test_the_rounds_kept_sets_are_concatenated_and_replayed(rollouts):

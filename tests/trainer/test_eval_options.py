@@ -139,3 +139,13 @@ def test_an_eval_leaves_every_generator_as_it_was_and_writes_its_step(tmp_path, 
     assert {k: v for k, v in evaluator.evaluate(run, 5).items() if k != "eval_time_s"} == {
         k: v for k, v in first.items() if k != "eval_time_s"
     }
+
+
+def test_an_eval_of_a_tool_run_samples_with_its_tools():
+    """A policy trained to call tools is evaluated with them: the eval engine runs the run's tools, the same way."""
+    config = make_config("tiny", eval_every=5, eval_dataset="arithmetic:9", tools="python", max_tool_calls=2,
+                         tool_timeout_s=3.0)  # fmt: skip
+    tokenizer = CharTokenizer()
+    run = type("Run", (), {"model": tiny_model(len(tokenizer), 32, 1, max_len=64, seed=0), "tokenizer": tokenizer})
+    turns = evaluation.Evaluator(config, build_reward(config), {}, run).hf.tools
+    assert turns is not None and turns.max_calls == 2 and turns.timeout_s == 3.0

@@ -35,6 +35,7 @@ OPTIONS = {
         dict(engine="vllm", async_staleness=0, rollout_gpus="1", device="cuda"),
         ("rollout_gpus", "async_staleness"),
     ),
+    "tools": (dict(tools="python"), ("tools",)),
 }
 VALUES_OF_ONE = {frozenset(("async K=0", "async K>=1"))}
 LAUNCH = "tests/distributed/test_options_together.py::test_every_option_at_once_takes_the_one_process_steps"

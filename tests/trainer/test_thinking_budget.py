@@ -8,7 +8,7 @@ from transformers import TemperatureLogitsWarper
 from fastrl.trainer.batching import KeptSets, collate
 from fastrl.trainer.build import build_model
 from fastrl.trainer.config import ConfigError, make_config
-from fastrl.trainer.rollout import ThinkingBudget, budget_cut, make_engine, thinking_budget_of
+from fastrl.trainer.rollout import InsertedSpan, ThinkingBudget, budget_cut, make_engine, thinking_budget_of
 from fastrl.trainer.rollout.thinking import sample_with_budget, span_start
 from fastrl.trainer.scoring import rollout_metrics, rollout_sums, to_samples
 from fastrl.trainer.update import StepSettings, train_step
@@ -16,6 +16,12 @@ from fastrl.trainer.update import StepSettings, train_step
 # two-token markers, so a marker split over the budget's edge is seen
 TB = ThinkingBudget(budget=4, start_ids=(90, 91), end_ids=(92, 93), insert_ids=(80, 81, 92, 93))
 EOS = 2
+
+
+def _span(c) -> tuple[int, int] | None:
+    """A completion's one thinking span as (start, end), None when nothing was inserted."""
+    assert len(c.inserted) <= 1 and all(s.kind == "thinking" for s in c.inserted), c.inserted
+    return tuple(c.inserted[0][:2]) if c.inserted else None
 
 
 @pytest.mark.parametrize(
@@ -72,20 +78,20 @@ def test_rounds_insert_at_the_budget_and_continue_from_the_inserted_tokens():
     comps = sample_with_budget(prompts, 1, TB, 12, 0, {EOS}, sample_round, want_logprobs=True)
     a, b, c, d = comps
     # sampled 4, inserted [4, 8), then the continuation of the context that holds the inserted tokens
-    assert a.completion_ids == [5, 6, 7, 8, 80, 81, 92, 93, 9, 9, 9, 9] and a.inserted == (4, 8) and a.truncated
+    assert a.completion_ids == [5, 6, 7, 8, 80, 81, 92, 93, 9, 9, 9, 9] and a.truncated
+    assert a.inserted == (InsertedSpan(4, 8, "thinking"),)
     assert a.logprobs == [-1.0] * 4 + [0.0] * 4 + [-1.0] * 4
     for comp in comps:  # the rounds' kept sets, concatenated and cut with their tokens; inserted ones empty
-        sampled = [t for i, t in enumerate(comp.completion_ids) if comp.inserted is None or not
-                   comp.inserted[0] <= i < comp.inserted[1]]  # fmt: skip
+        sampled = [t for i, t in enumerate(comp.completion_ids) if _span(comp) is None or not
+                   _span(comp)[0] <= i < _span(comp)[1]]  # fmt: skip
         assert comp.kept.counts.tolist() == [
-            0 if comp.inserted and comp.inserted[0] <= i < comp.inserted[1] else 2
-            for i in range(len(comp.completion_ids))
+            0 if _span(comp) and _span(comp)[0] <= i < _span(comp)[1] else 2 for i in range(len(comp.completion_ids))
         ]
         assert comp.kept.ids.tolist() == [x for t in sampled for x in (t, 200 + t)]
     # opened at 1, thinking tokens from 3, cut back to 3 + 4 = 7 (the tokens sampled after it are dropped)
-    assert b.completion_ids == [5, 90, 91, 6, 7, 8, 9, 80, 81, 92, 93, 9] and b.inserted == (7, 11)
-    assert c.completion_ids == [5, 6, 7, EOS] and c.inserted is None and not c.truncated
-    assert d.completion_ids == [5, 92, 93, 8, 9, EOS] and d.inserted is None and not d.truncated
+    assert b.completion_ids == [5, 90, 91, 6, 7, 8, 9, 80, 81, 92, 93, 9] and _span(b) == (7, 11)
+    assert c.completion_ids == [5, 6, 7, EOS] and _span(c) is None and not c.truncated
+    assert d.completion_ids == [5, 92, 93, 8, 9, EOS] and _span(d) is None and not d.truncated
     # round 1 stops the prompt-opened spans at the budget; round 2 continues only a and b
     assert calls[0] == [(3, 4, 0), (3, 12, 0), (3, 4, 0), (3, 4, 0)]
     assert calls[1] == [(11, 4, 0), (14, 1, 0), (7, 8, 0)]  # d closed within its budget: no insertion
@@ -95,7 +101,7 @@ def test_rounds_insert_at_the_budget_and_continue_from_the_inserted_tokens():
 def test_insertion_cut_by_max_completion_length_is_truncated():
     sample_round, _ = scripted({11: [5, 6, 7, 90, 91, 6, 7, 8, 9, 9, 9]})
     (c,) = sample_with_budget([[11, 4, 4]], 1, TB, 10, 0, {EOS}, sample_round, want_logprobs=False)
-    assert c.completion_ids == [5, 6, 7, 90, 91, 6, 7, 8, 9, 80] and c.inserted == (9, 10) and c.truncated
+    assert c.completion_ids == [5, 6, 7, 90, 91, 6, 7, 8, 9, 80] and _span(c) == (9, 10) and c.truncated
     assert c.logprobs is None
 
 
@@ -134,11 +140,11 @@ def test_hf_engine_inserts_at_the_budget_and_the_model_continues_after_it(forced
     insert = tokenizer.encode(STOP + "</think>")
     for c in comps[:4]:  # the prompt opened the span: N sampled tokens, then the inserted ones
         assert len(c.completion_ids) == M and c.truncated
-        assert c.inserted == (N, N + len(insert))
+        assert _span(c) == (N, N + len(insert))
         assert c.completion_ids[N : N + len(insert)] == insert
         assert tokenizer.decode(c.completion_ids).startswith(tokenizer.decode(c.completion_ids[:N]) + " stop.</think>")
     for c in comps[4:]:  # no span: nothing inserted, unless the model opened one itself
-        assert c.inserted is None or c.completion_ids[c.inserted[0] - N - 1] == tokenizer.encode("<think>")[0]
+        assert _span(c) is None or c.completion_ids[_span(c)[0] - N - 1] == tokenizer.encode("<think>")[0]
     # the log-probs of the tokens it sampled, after the inserted ones too, are the policy's given everything
     # before them (inserted tokens included), with end tokens suppressed (min_completion_length)
     eos = tokenizer.eos_token_id
@@ -149,7 +155,7 @@ def test_hf_engine_inserts_at_the_budget_and_the_model_continues_after_it(forced
         logits[:, eos] = -float("inf")
         ref = TemperatureLogitsWarper(0.7)(ids, logits).log_softmax(-1)
         ref = ref.gather(-1, torch.tensor(c.completion_ids)[:, None])[:, 0]
-        sampled = torch.tensor([not (c.inserted and c.inserted[0] <= i < c.inserted[1]) for i in range(M)])
+        sampled = torch.tensor([not (_span(c) and _span(c)[0] <= i < _span(c)[1]) for i in range(M)])
         got = torch.tensor(c.logprobs)
         torch.testing.assert_close(got[sampled], ref[sampled], rtol=0, atol=1e-5)
         assert (got[~sampled] == 0).all()
@@ -160,14 +166,14 @@ def test_inserted_tokens_leave_the_loss_mask_and_are_counted(forced):
     samples = to_samples(comps, [1.0, -1.0] * 3, torch.zeros(3, dtype=torch.bool), config)
     L = len(tokenizer.encode(STOP + "</think>"))
     for s, c in zip(samples, comps):
-        lo, hi = c.inserted or (M, M)
-        assert s.token_mask == (None if c.inserted is None else [1.0] * lo + [0.0] * (hi - lo) + [1.0] * (M - hi))
+        lo, hi = _span(c) or (M, M)
+        assert s.token_mask == (None if _span(c) is None else [1.0] * lo + [0.0] * (hi - lo) + [1.0] * (M - hi))
     mask = collate(samples, packed=True, pad_id=0)["mask"]
     for row, c in enumerate(comps):
-        lo, hi = c.inserted or (M, M)
+        lo, hi = _span(c) or (M, M)
         assert mask[row].tolist() == [1.0] * lo + [0.0] * (hi - lo) + [1.0] * (M - hi)
     sums = rollout_sums(comps, [len(c.prompt_ids) for c in comps[::2]], _scores(comps), torch.zeros(3), config)
-    cut = [c for c in comps if c.inserted]
+    cut = [c for c in comps if _span(c)]
     metrics = rollout_metrics(sums, M)
     assert metrics["thinking_budget_cut_frac"] == len(cut) / 6 and len(cut) >= 4
     assert metrics["thinking_budget_inserted_tokens"] == L * len(cut)

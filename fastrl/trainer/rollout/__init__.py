@@ -1,9 +1,9 @@
 """Rollouts: sample G completions per prompt with the Hugging Face engine or a colocated vLLM engine.
 
-`interface.py` holds the interface (`Completion`, `RolloutEngine`) and prompt building, `sampling.py` what both
-engines are built from (`SamplingEngine(model, tokenizer, config)`: the config's sampler settings), `hf_engine.py`
-the `model.generate` engine, `vllm_engine.py` the vLLM one (imported only when chosen), `thinking.py` the
-thinking budget both engines apply.
+`interface.py` holds the interface (`Completion`, `InsertedSpan`, `RolloutEngine`) and prompt building,
+`sampling.py` what both engines are built from (`SamplingEngine(model, tokenizer, config)`: the config's sampler
+settings), `hf_engine.py` the `model.generate` engine, `vllm_engine.py` the vLLM one (imported only when chosen),
+`thinking.py` the thinking budget both engines apply.
 """
 
 import importlib.util
@@ -11,13 +11,14 @@ import importlib.util
 import torch
 
 from .hf_engine import HFEngine, trim_completion
-from .interface import Completion, RolloutEngine, build_prompt
+from .interface import Completion, InsertedSpan, RolloutEngine, build_prompt
 from .sampling import SamplingEngine
 from .thinking import ThinkingBudget, budget_cut, thinking_budget_of
 
 __all__ = [
     "Completion",
     "HFEngine",
+    "InsertedSpan",
     "RolloutEngine",
     "SamplingEngine",
     "ThinkingBudget",

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..staleness import RolloutGroup, VersionSpan, head_spans, merge_spans, parse_spans, stitch
+from .interface import InsertedSpan
 from .process_setup import die_with_parent, pin_cpus
 from .thinking import ThinkingBudget, insertion, round_limit
 
@@ -113,7 +114,7 @@ class _Sample:
     parked_at: int | None = None  # the version under which it ran out of its chunk
     kept: list = field(default_factory=list)  # with replay: each piece's kept sets, (ids, counts) int32 arrays
     key: int | None = None  # the recorder's key of the piece being sampled
-    inserted: tuple[int, int] | None = None  # the thinking budget's inserted tokens, [start, end)
+    inserted: tuple[InsertedSpan, ...] = ()  # the tokens inserted, not sampled (the thinking budget's)
 
 
 @dataclass
@@ -306,7 +307,7 @@ class RolloutWorker:
             ids, counts = s.kept[-1]
             counts = np.concatenate([counts[:keep], np.zeros(len(insert), dtype=np.int32)])
             s.kept[-1] = (ids[: int(counts.sum())], counts)
-        s.inserted = (at, at + len(insert))
+        s.inserted = (*s.inserted, InsertedSpan(at, at + len(insert), "thinking"))
 
     def _kept(self, c, s: _Sample, n: int) -> tuple:
         """One piece's kept sets as NumPy int32 arrays (ids, counts): the recorder's records, or vLLM's mask."""
@@ -332,7 +333,7 @@ class RolloutWorker:
             [s.truncated for s in g.samples],
             {"pieces": [len(s.pieces) for s in g.samples], "engine_busy_s": self.busy_s},
             [_joined(s.kept) for s in g.samples] if self.spec.replay != "off" else None,
-            [s.inserted for s in g.samples] if self.spec.thinking is not None else None,
+            [s.inserted for s in g.samples],
         )
 
     def _send(self, msg) -> None:

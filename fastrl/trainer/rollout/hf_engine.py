@@ -2,7 +2,8 @@
 
 With `--sampler-replay` (the default where something is truncated) the engine records each token's kept set: the
 temperature, top-k, top-p and min-p warpers run inside `_KeptSetRecorder`, in generate's own order and after the
-row processors (`_EndSuppressed`), and the ids they leave finite are the set the token was drawn from.
+row processors (`_EndSuppressed`), and the ids they leave finite are the set the token was drawn from. With tools a
+row stops at the token that closes a tool call (`_CallClosed`), where the tool loop cuts it.
 """
 
 import torch
@@ -22,6 +23,7 @@ from ..batching import KeptSets
 from .interface import Completion
 from .sampling import SamplingEngine, resolve_replay
 from .thinking import Request, Sampled, sample_with_budget
+from .tool_turns import sample_with_tools
 
 
 def trim_completion(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
@@ -82,11 +84,30 @@ class _RowLimit(StoppingCriteria):
         return input_ids.shape[1] - self.width >= self.limits.to(input_ids.device)
 
 
+class _CallClosed(StoppingCriteria):
+    """A row is done once its new tokens close a tool call (`ToolTurns.find_call`); `closed_at[row]`: its new tokens
+    then (the tool loop cuts there anyway: this only spares sampling past it). Decodes a row only when its last
+    token ends like a call's closing marker."""
+
+    def __init__(self, width: int, turns, rows: int):
+        self.width, self.turns, self.closed_at = width, turns, [None] * rows
+        self.tail = "`" if turns.fmt == "code" else ">"
+
+    def __call__(self, input_ids, scores, **kwargs):
+        decode = self.turns.tokenizer.decode
+        for row, ids in enumerate(input_ids[:, self.width :].tolist()):
+            if self.closed_at[row] is None and decode(ids[-1:]).endswith(self.tail):
+                if self.turns.find_call(decode(ids)) is not None:
+                    self.closed_at[row] = len(ids)
+        return torch.tensor([at is not None for at in self.closed_at], device=input_ids.device)
+
+
 class HFEngine(SamplingEngine):
     """Sampling with `model.generate` on the training model itself (CPU, or GPU without vLLM).
 
     Prompts are left-padded; the model computes positions from the attention mask, so a padded prompt
-    samples exactly like an unpadded one. With a thinking budget (`thinking.py`) it samples in rounds.
+    samples exactly like an unpadded one. With a thinking budget (`thinking.py`) or tools (`tool_turns.py`) it
+    samples in rounds.
     """
 
     def __init__(self, model, tokenizer, config):
@@ -124,6 +145,9 @@ class HFEngine(SamplingEngine):
         def sample_round(requests: list[Request]) -> list[Sampled]:
             return self._sample(requests, want_logprobs)
 
+        if self.tools is not None:
+            return sample_with_tools(prompts, n, self.tools, self.max_new_tokens, self.min_new_tokens,
+                                     set(self.eos_ids), sample_round, want_logprobs)  # fmt: skip
         if self.thinking is not None:
             return sample_with_budget(prompts, n, self.thinking, self.max_new_tokens, self.min_new_tokens,
                                       set(self.eos_ids), sample_round, want_logprobs)  # fmt: skip
@@ -142,8 +166,12 @@ class HFEngine(SamplingEngine):
             attn[i, width - len(c) :] = 1
         limits, min_new = [r[1] for r in requests], [r[2] for r in requests]
         extra = {"max_new_tokens": max(limits)}
-        if min(limits) < max(limits):
-            extra["stopping_criteria"] = StoppingCriteriaList([_RowLimit(width, limits)])
+        stops = StoppingCriteriaList([_RowLimit(width, limits)] if min(limits) < max(limits) else [])
+        closed = _CallClosed(width, self.tools, len(requests)) if self.tools is not None else None
+        if closed is not None:  # a round with tools: each row's new tokens are its text since its last observation
+            stops.append(closed)
+        if stops:
+            extra["stopping_criteria"] = stops
         processors = LogitsProcessorList([_EndSuppressed(width, min_new, self.eos_ids)] if max(min_new) > 0 else [])
         recorder = _KeptSetRecorder(self.sampler) if self.replay else None
         if recorder is not None:
@@ -167,7 +195,8 @@ class HFEngine(SamplingEngine):
             token_lp = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         result = []
         for i, limit in enumerate(limits):
-            comp, _ = trim_completion(new[i, :limit].tolist(), set(self.eos_ids))
+            end = limit if closed is None or closed.closed_at[i] is None else min(limit, closed.closed_at[i])
+            comp, _ = trim_completion(new[i, :end].tolist(), set(self.eos_ids))
             lp = token_lp[i, : len(comp)].tolist() if token_lp is not None else None
             result.append((comp, lp, None if recorder is None else recorder.sets(i, len(comp))))
         return result

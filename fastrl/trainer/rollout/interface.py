@@ -4,12 +4,36 @@ An engine takes tokenized prompts and returns, per completion, its token ids (up
 whether it was cut at `max_completion_length`, and optionally the sampler's log-probability of each
 sampled token (used for the rollout/trainer mismatch correction `is_cap`, docs/math.md §2), and, where the
 engine records them (`--sampler-replay`), the set of token ids the sampler kept for each token (docs/math.md §9).
+Tokens the engine put into a completion without sampling them (the thinking budget's stop sentence, a tool's
+observation) are named by `InsertedSpan`s: the trainer masks them out of every term.
 """
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..batching import KeptSets
+
+SPAN_KINDS = ("thinking", "tool")
+
+
+class InsertedSpan(NamedTuple):
+    """Completion positions [start, end) the engine inserted: "thinking" (the budget's stop sentence and marker) or
+    "tool" (a tool's observation). A span may be empty (a thinking budget whose sentence did not fit)."""
+
+    start: int
+    end: int
+    kind: str
+
+
+def check_inserted(spans, n: int, where: str = "completion") -> None:
+    """Raise ValueError unless `spans` are InsertedSpans of a known kind, in order, not overlapping, within [0, n)."""
+    last = 0
+    for span in spans:
+        if not isinstance(span, InsertedSpan) or span.kind not in SPAN_KINDS:
+            raise ValueError(f"{where}: inserted span {span!r} is not an InsertedSpan of kind {SPAN_KINDS}")
+        if not last <= span.start <= span.end <= n:
+            raise ValueError(f"{where}: inserted span {span} overlaps the one before or lies outside its {n} tokens")
+        last = span.end
 
 
 @dataclass
@@ -18,8 +42,12 @@ class Completion:
     completion_ids: list[int]  # ends with EOS unless truncated
     truncated: bool  # hit max_completion_length before EOS
     logprobs: list[float] | None = None  # sampler's log-prob of each completion token
-    inserted: tuple[int, int] | None = None  # [start, end) positions the engine inserted, not sampled (thinking budget)
+    inserted: tuple[InsertedSpan, ...] = ()  # the positions the engine inserted, not sampled, in order
     kept: KeptSets | None = None  # the sampler's kept set of each completion token (inserted ones empty), or None
+
+    def __post_init__(self):
+        if self.inserted:
+            check_inserted(self.inserted, len(self.completion_ids))
 
 
 class RolloutEngine(Protocol):

@@ -6,13 +6,14 @@ from ..config import replay_blocker
 from ..validate import ConfigError
 from .interface import end_token_ids
 from .thinking import thinking_budget_of
+from .tool_turns import tool_turns_of
 
 __all__ = ["SamplingEngine", "resolve_replay"]
 
 
 class SamplingEngine:
     """The sampler settings both engines take from a `TrainConfig`: lengths, temperature, top-p / top-k / min-p,
-    end tokens and the thinking budget (ConfigError when the budget cannot fit, before an engine starts)."""
+    end tokens, the thinking budget and the tools (ConfigError when the budget cannot fit, before an engine starts)."""
 
     def __init__(self, model, tokenizer, config):
         self.tokenizer = tokenizer
@@ -20,6 +21,7 @@ class SamplingEngine:
         self.sampler = config.sampler  # temperature, top-k, top-p, min-p; None where off
         self.eos_ids = end_token_ids(model, tokenizer)  # the tokenizer's EOS and the model's end-of-turn tokens
         self.thinking = thinking_budget_of(config, tokenizer)
+        self.tools = tool_turns_of(config, tokenizer)  # multi-turn tool rollouts (`tool_turns.py`); None when off
         self.replay = False  # whether each completion carries its tokens' kept sets (`resolve_replay`)
 
 

@@ -6,10 +6,11 @@ opening marker the completion itself writes. Once the span holds `budget` tokens
 closing marker among them, the engine cuts the completion there, appends the stop-thinking sentence and
 the closing marker, and lets the model write the answer after them. Only the first span is budgeted.
 
-The inserted tokens were not sampled by the policy: a `Completion` names them (`inserted`, a [start, end)
-range of completion positions), they carry log-prob 0.0, and the trainer masks them out of the loss and
-of the importance ratios; their kept sets are empty. A completion's kept sets are its rounds' sets, concatenated
-(cut back with its tokens). Everything, inserted tokens included, stays within `max_completion_length`.
+The inserted tokens were not sampled by the policy: a `Completion` names them (an `InsertedSpan` of kind
+"thinking" in `inserted`, a [start, end) range of completion positions), they carry log-prob 0.0, and the
+trainer masks them out of the loss and of the importance ratios; their kept sets are empty. A completion's kept
+sets are its rounds' sets, concatenated (cut back with its tokens). Everything, inserted tokens included, stays
+within `max_completion_length`.
 
 Both engines sample in rounds (`sample_with_budget`): each round continues every unfinished completion
 from its prompt plus what it has so far, at most up to where its budget could run out (`round_limit`); a
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ..batching import KeptSets
 from ..validate import ConfigError
-from .interface import Completion
+from .interface import Completion, InsertedSpan
 
 # (context ids, most new tokens, fewest new tokens before an end token may be sampled)
 Request = tuple[list[int], int, int]
@@ -89,11 +90,16 @@ def budget_cut(prompt: list[int], completion: list[int], tb: ThinkingBudget) -> 
     return None if find(completion[: s + tb.budget], tb.end_ids, s) >= 0 else s + tb.budget
 
 
+def budget_spent(inserted: tuple[InsertedSpan, ...]) -> bool:
+    """Whether a completion's thinking budget already ran out (its spans hold the budget's insertion)."""
+    return any(span.kind == "thinking" for span in inserted)
+
+
 def round_limit(prompt: list[int], ids: list[int], inserted, tb: ThinkingBudget, max_new: int) -> int:
     """Tokens a completion may sample in its next request: up to where its budget runs out, if its span is open
-    (`inserted`: the span already cut, None before)."""
+    (`inserted`: the completion's inserted spans so far)."""
     room = max_new - len(ids)
-    s = None if inserted is not None else span_start(prompt, ids, tb)
+    s = None if budget_spent(inserted) else span_start(prompt, ids, tb)
     if s is None or find(ids, tb.end_ids, s) >= 0:
         return room
     return min(room, s + tb.budget - len(ids))
@@ -106,7 +112,7 @@ def insertion(prompt: list[int], ids: list[int], inserted, ended: bool, tb: Thin
     `ended`: the request's last token is an end token. An end token as the last budgeted token ends the completion
     instead. The insertion is cut short by `max_new`.
     """
-    cut = None if inserted is not None else budget_cut(prompt, ids, tb)
+    cut = None if budget_spent(inserted) else budget_cut(prompt, ids, tb)
     if cut is None or (ended and len(ids) == cut):
         return None
     return cut, list(tb.insert_ids[: max_new - cut])
@@ -117,7 +123,7 @@ class _Draft:
     prompt: list[int]
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    inserted: tuple[int, int] | None = None
+    inserted: tuple[InsertedSpan, ...] = ()
     kept: list[KeptSets] | None = field(default_factory=list)  # one per round; None once a round gave none
     done: bool = False
     truncated: bool = False
@@ -162,7 +168,7 @@ def sample_with_budget(
                 d.logprobs = d.logprobs[:at] + [0.0] * len(insert)
                 if d.kept is not None:
                     d.kept = [KeptSets.cat(d.kept).head(at), KeptSets.empty(len(insert))]
-                d.inserted, ended = (at, at + len(insert)), False
+                d.inserted, ended = (*d.inserted, InsertedSpan(at, at + len(insert), "thinking")), False
             d.done = ended or len(d.ids) >= max_new or not new  # (an engine that samples nothing: no loop)
             d.truncated = not ended and d.done
     return [

@@ -15,7 +15,8 @@ before the first batch: vLLM loads `config.model` from disk, the trainer's copy 
 - Lengths: `max_model_len` is max_prompt_length + max_completion_length (a thinking budget's inserted tokens
   count in the completion), and a `vllm_kv_cache_gib` that cannot hold one such sequence is refused up front,
   so a long completion is never cut short by the engine; `min_completion_length` is vLLM's `min_tokens`.
-- A thinking budget (`thinking.py`) samples in rounds, one `generate` call per round, a request per completion.
+- A thinking budget (`thinking.py`) or tools (`tool_turns.py`) sample in rounds, one `generate` call per round, a
+  request per completion.
 - Kept sets (`--sampler-replay`, `vllm_kept.py`): where Model Runner V2 runs (a GPU) vLLM returns them
   (`return_sampling_mask`, top_k > 0); on the V1 runner (its CPU build) our logits processor applies top-k / top-p
   and records them, vLLM's own top-k / top-p off. Either way each completion is a request of its own.
@@ -36,6 +37,7 @@ from .async_worker import request_seed, whole_prefills
 from .interface import Completion
 from .sampling import SamplingEngine, resolve_replay
 from .thinking import Request, Sampled, sample_with_budget
+from .tool_turns import sample_with_tools
 
 
 def vllm_dtype(config, model) -> str:
@@ -169,13 +171,14 @@ class VLLMEngine(SamplingEngine):
         if self.asleep:  # only when generate runs without a sync since the last batch
             self.llm.wake_up()
             self.asleep = False
-        if self.thinking is not None:
+        if self.thinking is not None or self.tools is not None:
             rounds = lambda requests, seeds=None: self._sample(requests, want_logprobs, seeds)  # noqa: E731
             seed_of = None
             if prompt_ids is not None:  # request k of a completion seeded as the rollout process seeds its piece k
                 seed_of = lambda i, sample, k: request_seed(self.seed, prompt_ids[i], sample, k)  # noqa: E731
-            result = sample_with_budget(prompts, n, self.thinking, self.max_new_tokens, self.min_new_tokens,
-                                        set(self.eos_ids), rounds, want_logprobs, seed_of)  # fmt: skip
+            by_rounds = sample_with_tools if self.tools is not None else sample_with_budget
+            result = by_rounds(prompts, n, self.tools or self.thinking, self.max_new_tokens, self.min_new_tokens,
+                               set(self.eos_ids), rounds, want_logprobs, seed_of)  # fmt: skip
         elif prompt_ids is not None or self.replay:  # a request per completion
             flat = [p for p in prompts for _ in range(n)]
             seeds = [None] * len(flat)
