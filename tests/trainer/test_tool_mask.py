@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from fastrl.losses import LossConfig
+from fastrl.rewards import batch_accuracy_reward, format_reward
 from fastrl.trainer.batching import KeptSets, Sample
+from fastrl.trainer.config import make_config
 from fastrl.trainer.rollout import Completion, InsertedSpan
-from fastrl.trainer.scoring import sampled_mask
-from fastrl.trainer.tiny import tiny_model
+from fastrl.trainer.scoring import Scores, reward_text, rollout_metrics, rollout_sums, sampled_length, sampled_mask
+from fastrl.trainer.tiny import CharTokenizer, tiny_model
 from fastrl.trainer.update import StepSettings, sequence_logprobs, train_step
 
 T = 12  # every completion's length
@@ -151,3 +153,44 @@ def test_replay_kept_sets_are_empty_for_tool_tokens_and_nothing_is_missing():
     metrics, _ = step(LossConfig(), kept=kept)
     assert metrics["replay_missing_tokens"] == 0.0
     assert metrics["num_tokens"] == float((~tool_positions()).sum())
+
+
+def _tool_completion(tok, parts) -> Completion:
+    """A completion from (text, kind) parts; kind None: sampled."""
+    ids, spans = [], []
+    for text, kind in parts:
+        piece = tok.encode(text)
+        if kind is not None:
+            spans.append(InsertedSpan(len(ids), len(ids) + len(piece), kind))
+        ids += piece
+    return Completion([1], ids, False, inserted=tuple(spans))
+
+
+def test_a_tool_output_earns_no_reward_by_itself():
+    """The answer only inside a tool observation gets no accuracy credit; the model's own copy of it does; the
+    thinking budget's inserted `</think>` still counts for the format reward."""
+    tok = CharTokenizer()
+    call = ("<think>" + "6*7 is", None)
+    alone = _tool_completion(tok, [call, ("\\boxed{42}", "tool"), ("</think>so it is", None)])
+    copied = _tool_completion(tok, [call, ("\\boxed{42}", "tool"), ("</think>\\boxed{42}", None)])
+    spelled = _tool_completion(tok, [call, ("4", "tool"), ("</think>\\boxed{4", None), ("2}", "tool")])
+    texts = [reward_text(tok, c) for c in (alone, copied, spelled)]
+    assert "42" not in texts[0] and batch_accuracy_reward(texts, ["42"] * 3) == [0.0, 1.0, 0.0]
+    plain = _tool_completion(tok, [("<think>" + "6*7 is 42", None), ("</think>", "thinking"), ("\\boxed{42}", None)])
+    assert reward_text(tok, plain) == tok.decode(plain.completion_ids, skip_special_tokens=True)
+    assert format_reward(reward_text(tok, plain)) == 1.0 and batch_accuracy_reward([reward_text(tok, plain)], ["42"])
+
+
+def test_response_length_counts_sampled_tokens_and_inserted_ones_apart():
+    comps = completions()
+    comps[0] = Completion(comps[0].prompt_ids, comps[0].completion_ids, True, inserted=(*comps[0].inserted,
+                          InsertedSpan(11, 12, "thinking")))  # fmt: skip
+    config = make_config(group_size=2, thinking_budget=4)
+    scores = Scores(torch.zeros(6, dtype=torch.float64), [0.0] * 6, {})
+    sums = rollout_sums(comps, [len(c.prompt_ids) for c in comps[::2]], scores, torch.zeros(3), config)
+    metrics = rollout_metrics(sums, max(sampled_length(c) for c in comps))
+    inserted = int(tool_positions().sum())
+    assert metrics["response_length_mean"] == (6 * T - inserted - 1) / 6
+    assert metrics["inserted_tokens"] == inserted + 1 and metrics["thinking_budget_inserted_tokens"] == 1
+    assert metrics["response_length_max"] == max(T - len([t for t in row if t]) for row in tool_positions().tolist())
+    assert metrics["rollout_tokens"] == 6 * T + sum(len(c.prompt_ids) for c in comps[::2]) * 2
