@@ -12,10 +12,21 @@ import torch
 
 from fastrl.losses import LossConfig
 from fastrl.rewards import batch_accuracy_reward, format_reward
-from fastrl.trainer.batching import KeptSets, Sample
+from fastrl.trainer.async_source import completions_of
+from fastrl.trainer.batching import KeptSets, Sample, collate
 from fastrl.trainer.config import make_config
 from fastrl.trainer.rollout import Completion, InsertedSpan
-from fastrl.trainer.scoring import Scores, reward_text, rollout_metrics, rollout_sums, sampled_length, sampled_mask
+from fastrl.trainer.scoring import (
+    Scores,
+    reward_text,
+    rollout_metrics,
+    rollout_sums,
+    sampled_length,
+    sampled_mask,
+    to_samples,
+)
+from fastrl.trainer.sequence_parallel import SequenceParallel, split_microbatch
+from fastrl.trainer.staleness import RolloutGroup, VersionSpan
 from fastrl.trainer.tiny import CharTokenizer, tiny_model
 from fastrl.trainer.update import StepSettings, sequence_logprobs, train_step
 
@@ -194,3 +205,32 @@ def test_response_length_counts_sampled_tokens_and_inserted_ones_apart():
     assert metrics["inserted_tokens"] == inserted + 1 and metrics["thinking_budget_inserted_tokens"] == 1
     assert metrics["response_length_max"] == max(T - len([t for t in row if t]) for row in tool_positions().tolist())
     assert metrics["rollout_tokens"] == 6 * T + sum(len(c.prompt_ids) for c in comps[::2]) * 2
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_sequence_parallel_blocks_carry_the_tool_mask(n):
+    """Each rank's block of a packed micro-batch masks exactly its tool tokens; the blocks' masks partition the
+    sampled tokens (the token-mean normalizer counts each once)."""
+    batch = samples()
+    mb = collate(batch, packed=True, pad_id=0)
+    blocks = [split_microbatch(mb, SequenceParallel(n, r, None, 1, 0, None)) for r in range(n)]
+    whole = torch.zeros(len(batch), T)
+    for r, block in enumerate(blocks):
+        for i, (t0, t1) in enumerate(block["spans"][r].tolist()):
+            whole[i, t0:t1] += block["mask"][i, : t1 - t0]
+    assert whole.tolist() == [s.token_mask for s in batch]
+    assert sum(float(b["mask"].sum()) for b in blocks) == float((~tool_positions()).sum())
+
+
+def test_async_groups_carry_tool_spans_into_the_samples():
+    """A rollout group's tool spans reach the completions (`completions_of`) and their samples' token masks."""
+    comps = completions()
+    ids, spans = [c.completion_ids for c in comps[:2]], [c.inserted for c in comps[:2]]
+    group = RolloutGroup(7, comps[0].prompt_ids, ids, [[-1.0] * T] * 2, [(VersionSpan(0, 0, T),)] * 2, [True, True],
+                         inserted=spans)  # fmt: skip
+    got = completions_of([group])
+    assert [c.inserted for c in got] == [c.inserted for c in comps[:2]]
+    config = make_config(group_size=2)
+    out = to_samples(got, [1.0, -1.0], torch.zeros(1, dtype=torch.bool), config)
+    assert [s.token_mask for s in out] == [sampled_mask(c) for c in comps[:2]]
+    assert all(0.0 in s.token_mask for s in out)
