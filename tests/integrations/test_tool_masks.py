@@ -1,9 +1,14 @@
-"""Tool tokens in the integrations: TRL's `tool_mask` is multiplied into the completion mask on fastrl's TRL path.
+"""Tool tokens in the integrations: TRL's `tool_mask` is multiplied into the completion mask on fastrl's TRL path;
+fastrl's verl policy loss reads verl's multi-turn `response_mask` (run in verl's environment).
 
 The batch is TRL's own layout (`GRPOTrainer._compute_loss`'s inputs): left-padded prompts, right-padded
 completions, and `tool_mask` 0 on tokens a tool wrote. The old log-probs at tool tokens are wild (a stale value
 the sampler never produced): a path that drops the tool mask sees them.
 """
+
+import os
+import pathlib
+import subprocess
 
 import pytest
 import torch
@@ -11,6 +16,8 @@ import trl_harness as h
 from trl import GRPOTrainer
 
 from fastrl.integrations.trl import FastRLGRPOTrainer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _inputs(model) -> dict:
@@ -52,3 +59,58 @@ def test_trl_tool_mask_enters_fastrls_loss_as_trls(tmp_path, loss_type):
     want = float(stock.compute_loss(base, dict(inputs)))
     got = float(ours.compute_loss(base, dict(inputs)))
     assert got == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+
+# verl's multi-turn rollout writes `response_mask` 1 on the model's tokens and 0 on tool responses and padding
+# (right-padded responses): the rows below interleave turns and tool outputs as its agent loop lays them out
+VERL_SCRIPT = """
+import torch
+from omegaconf import OmegaConf
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+import fastrl.integrations.verl  # registers "fastrl"
+
+turns = [[(0, 3, 1), (3, 7, 0), (7, 10, 1), (10, 12, 0), (12, 14, 1)], [(0, 5, 1), (5, 6, 0), (6, 9, 1)],
+         [(0, 2, 1), (2, 9, 0), (9, 16, 1)], [(0, 16, 1)]]
+B, T = len(turns), 16
+response_mask = torch.zeros(B, T, dtype=torch.bool)
+for row, parts in enumerate(turns):
+    for a, b, model_wrote in parts:
+        response_mask[row, a:b] = bool(model_wrote)
+tool = torch.zeros(B, T, dtype=torch.bool)
+for row, parts in enumerate(turns):
+    for a, b, model_wrote in parts:
+        tool[row, a:b] = not model_wrote
+g = torch.Generator().manual_seed(0)
+old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+logp0 = old + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+adv = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T).contiguous()
+config = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0,
+                           "global_batch_info": {"dp_size": 1, "batch_num_tokens": int(response_mask.sum()),
+                                                 "global_batch_size": B}})
+for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+    results = []
+    for name, poison in (("vanilla", 0.0), ("fastrl", 0.0), ("fastrl", 8.0)):
+        logp = logp0.clone().requires_grad_()
+        loss, metrics = get_policy_loss_fn(name)(old_log_prob=old + poison * tool, log_prob=logp, advantages=adv,
+                                                 response_mask=response_mask, loss_agg_mode=mode, config=config)
+        loss.backward()
+        results.append((float(loss.detach()), logp.grad, metrics["actor/pg_clipfrac"]))
+    (ref, ref_grad, ref_clip), *ours = results
+    for loss, grad, clip in ours:
+        assert abs(loss - ref) <= 1e-9 + 1e-6 * abs(ref), (mode, loss, ref)
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-9)
+        assert abs(clip - ref_clip) < 1e-6, (mode, clip, ref_clip)  # verl logs it in float32
+        assert bool((grad[tool] == 0).all())
+    print("ok", mode)
+"""
+
+
+@pytest.mark.slow
+def test_verl_response_mask_with_tool_turns(verl_python):
+    """fastrl's verl policy loss on verl's multi-turn `response_mask` (zeros on tool responses) equals verl's
+    vanilla loss, gradient and clip fraction, and wild old log-probs at tool tokens change none of them."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([verl_python, "-c", VERL_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    assert proc.stdout.count("ok ") == 3, proc.stdout
