@@ -234,3 +234,20 @@ def test_async_groups_carry_tool_spans_into_the_samples():
     out = to_samples(got, [1.0, -1.0], torch.zeros(1, dtype=torch.bool), config)
     assert [s.token_mask for s in out] == [sampled_mask(c) for c in comps[:2]]
     assert all(0.0 in s.token_mask for s in out)
+
+
+@pytest.mark.parametrize(
+    "spans, match",
+    [
+        ((InsertedSpan(2, 5, "tool"), InsertedSpan(4, 6, "tool")), "overlaps the one before"),
+        ((InsertedSpan(8, 13, "tool"),), "outside its 12 tokens"),
+        ((InsertedSpan(1, 2, "observation"),), "of kind"),
+        (((1, 2),), "is not an InsertedSpan"),
+    ],
+    ids=["overlap", "past-the-end", "unknown-kind", "plain-tuple"],
+)
+def test_bad_spans_are_refused_where_they_are_made(spans, match):
+    with pytest.raises(ValueError, match=match):
+        Completion([1], list(range(3, 15)), False, inserted=spans)
+    with pytest.raises(ValueError, match=match):
+        RolloutGroup(0, [1], [list(range(3, 15))], [[0.0] * 12], [(VersionSpan(0, 0, 12),)], [False], inserted=[spans])
