@@ -4,11 +4,12 @@ Pure functions of the completions and the few settings they read, a `ScoringSett
 config (docs/math.md §4): no model, no sampling, no process group. The rollout stage (`stages.score_batch`) calls
 them in order and does the cross-rank sums in between:
 
+    texts = [reward_text(tokenizer, c) for c in completions]   # tool observations left out
     scores = score(reward, texts, golds, lengths, settings)
     batch_std = std_from_moments(*all_reduce(reward_moments(scores.total)))   # only for "batch-std"
     adv, flat = advantages(scores.total, settings, batch_std)
     samples = to_samples(completions, adv, flat, settings)
-    metrics = rollout_metrics(all_reduce(rollout_sums(...)), all_reduce_max(max length))
+    metrics = rollout_metrics(all_reduce(rollout_sums(...)), all_reduce_max(max sampled_length))
 
 Completions arrive grouped: rows [g*G, (g+1)*G) are the G samples of prompt g.
 """
@@ -122,14 +123,40 @@ def sampled_mask(completion) -> list[float] | None:
     return mask
 
 
+def reward_text(tokenizer, completion) -> str:
+    """The completion's text as the reward sees it: every token but the tool observations' (the thinking budget's
+    inserted sentence and marker stay: the format reward reads its `</think>`). A tool's output cannot earn a
+    reward by itself: an answer the model copies from it counts once the model writes it. The pieces around each
+    observation are decoded apart and joined by a newline, so no answer is spelled across an observation."""
+    ids, pieces, at = completion.completion_ids, [], 0
+    for start, end, kind in completion.inserted:
+        if kind == "tool":
+            pieces.append(ids[at:start])
+            at = end
+    pieces.append(ids[at:])
+    return "\n".join(tokenizer.decode(p, skip_special_tokens=True) for p in pieces)
+
+
+def inserted_length(completion) -> int:
+    """The completion's tokens the engine inserted (tool observations, the thinking budget's sentence)."""
+    return sum(end - start for start, end, _ in completion.inserted)
+
+
+def sampled_length(completion) -> int:
+    """The completion's tokens the policy sampled: its response length."""
+    return len(completion.completion_ids) - inserted_length(completion)
+
+
 def rollout_sums(completions, prompt_lengths: list[int], scores: Scores, flat: torch.Tensor,
                  settings: ScoringSettings) -> dict:  # fmt: skip
-    """This rank's additive statistics of the batch; `rollout_metrics` turns their global sums into means."""
-    lengths = [len(c.completion_ids) for c in completions]
+    """This rank's additive statistics of the batch; `rollout_metrics` turns their global sums into means. The
+    response length counts sampled tokens; inserted ones are counted apart (`inserted_tokens`)."""
+    lengths = [sampled_length(c) for c in completions]
     return {
         "n": len(completions), "reward": float(scores.total.sum()), "reward_sq": float((scores.total**2).sum()),
         "correct": sum(scores.correct), "flat_groups": float(flat.sum()), "groups": len(prompt_lengths),
-        "length": sum(lengths), "truncated": sum(c.truncated for c in completions),
+        "length": sum(lengths), "inserted": sum(inserted_length(c) for c in completions),
+        "truncated": sum(c.truncated for c in completions),
         "prompt_tokens": sum(prompt_lengths) * settings.group_size,
         **{f"reward_{k}_mean": sum(v) for k, v in scores.per_fn.items()},
         **(_thinking_sums(completions) if settings.thinking_budget else {}),
@@ -143,7 +170,7 @@ def _thinking_sums(completions) -> dict:
 
 
 def rollout_metrics(sums: dict, length_max: float) -> dict:
-    """The batch's logged rollout metrics from the (all-ranks) sums and the longest completion."""
+    """The batch's logged rollout metrics from the (all-ranks) sums and the longest response (sampled tokens)."""
     n = sums["n"]
     out = {
         "reward_mean": sums["reward"] / n,
@@ -153,7 +180,8 @@ def rollout_metrics(sums: dict, length_max: float) -> dict:
         "response_length_mean": sums["length"] / n,
         "response_length_max": length_max,
         "truncation_rate": sums["truncated"] / n,
-        "rollout_tokens": sums["length"] + sums["prompt_tokens"],
+        "inserted_tokens": sums["inserted"],
+        "rollout_tokens": sums["length"] + sums["inserted"] + sums["prompt_tokens"],
         **{k: v / n for k, v in sums.items() if k.startswith("reward_") and k.endswith("_mean")},
     }
     if "thinking_cut" in sums:  # a thinking budget: the share of completions cut, the tokens inserted in all

@@ -77,9 +77,9 @@ def score_batch(comps, problems, settings: scoring.ScoringSettings, reward, toke
     per problem, grouped: completions [i*G : (i+1)*G] answer problems[i]."""
     group = None if sp is None else sp.dp_group
     G = settings.group_size
-    texts = [tokenizer.decode(c.completion_ids, skip_special_tokens=True) for c in comps]
+    texts = [scoring.reward_text(tokenizer, c) for c in comps]  # without tool observations: they earn nothing
     golds = [p.answer for p in problems for _ in range(G)]
-    lengths = [len(c.completion_ids) for c in comps]
+    lengths = [len(c.completion_ids) for c in comps]  # the shaping's length: what max_completion_length caps
     scores = scoring.score(reward, texts, golds, lengths, settings)
     batch_std = None
     if settings.advantage_scale == "batch-std":  # the std over all ranks' rewards
@@ -92,7 +92,8 @@ def score_batch(comps, problems, settings: scoring.ScoringSettings, reward, toke
     prompt_lengths = [len(comps[i * G].prompt_ids) for i in range(len(problems))]
     local = scoring.rollout_sums(comps, prompt_lengths, scores, flat, settings)
     sums = dict(zip(local, dist_utils.all_reduce_sum_list([float(v) for v in local.values()], group)))
-    return samples, scoring.rollout_metrics(sums, dist_utils.all_reduce_max(float(max(lengths, default=0)), group))
+    longest = max((scoring.sampled_length(c) for c in comps), default=0)
+    return samples, scoring.rollout_metrics(sums, dist_utils.all_reduce_max(float(longest), group))
 
 
 def attach_logprobs(run: Run, samples: list[Sample], old: bool) -> None:
