@@ -37,6 +37,7 @@ from .eval_sets import held_out_arithmetic, trained_arithmetic, training_prompts
 from .fsdp import is_sharded
 from .rollout import Completion, HFEngine, build_prompt
 from .tasks import Problem, load_problems
+from .tool_options import tool_schemas
 from .validate import ConfigError
 
 __all__ = ["Evaluator", "load_eval_sets", "rng_kept"]
@@ -153,8 +154,8 @@ class Evaluator:
 
     def _results(self, run, step: int, mine: list[tuple[int, Problem]]) -> list[ProblemResult]:
         c, k = self.config, self.k
-        prompts = [build_prompt(run.tokenizer, p.prompt, c.prompt_template, c.chat_template, c.max_prompt_length)
-                   for _, p in mine]  # fmt: skip
+        prompts = [build_prompt(run.tokenizer, p.prompt, c.prompt_template, c.chat_template, c.max_prompt_length,
+                                tool_schemas(c)) for _, p in mine]  # fmt: skip
         if self.vllm is not None:
             comps = self._vllm(run, prompts, [_eval_seed(c.seed, step, 0, i, j) for i, _ in mine for j in range(k)])
         else:  # as many rows per generate call as a training batch's share of this rank

@@ -24,6 +24,7 @@ from .config import TrainConfig, config_to_dict
 from .rollout import RolloutEngine, build_prompt
 from .sequence_parallel import SequenceParallel, check_same_rollouts
 from .sharded_checkpoint import save_sharded
+from .tool_options import tool_schemas
 from .update import sequence_logprobs, train_step
 
 
@@ -46,11 +47,13 @@ class CollectSettings:
     max_prompt_length: int  # prompts are left-truncated to this many tokens
     want_logprobs: bool  # the sampler's log-probs of each token (the IS correction needs them)
     scoring: scoring.ScoringSettings
+    tools: tuple[dict, ...] = ()  # the JSON schemas the chat template lists (hermes tool format), else ()
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> "CollectSettings":
         return cls(config.prompt_template, config.chat_template, config.max_prompt_length,
-                   config.loss.is_cap is not None, scoring.ScoringSettings.from_config(config))  # fmt: skip
+                   config.loss.is_cap is not None, scoring.ScoringSettings.from_config(config),
+                   tool_schemas(config))  # fmt: skip
 
 
 def collect(engine: RolloutEngine, tokenizer, problems, settings: CollectSettings, reward,
@@ -63,7 +66,8 @@ def collect(engine: RolloutEngine, tokenizer, problems, settings: CollectSetting
     the same rollouts, which must count once.
     """
     prompts = [
-        build_prompt(tokenizer, p.prompt, settings.prompt_template, settings.chat_template, settings.max_prompt_length)
+        build_prompt(tokenizer, p.prompt, settings.prompt_template, settings.chat_template, settings.max_prompt_length,
+                     settings.tools)
         for p in problems
     ]
     seeded = {"prompt_ids": prompt_ids} if prompt_ids is not None and getattr(engine, "seeded", False) else {}

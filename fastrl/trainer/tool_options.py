@@ -13,9 +13,23 @@ from collections.abc import Callable
 
 from .validate import ConfigError
 
-__all__ = ["TOOL_FORMATS", "check_tool_options", "check_tool_world", "parse_tools", "resolve_tools"]
+__all__ = ["PYTHON_SCHEMA", "TOOL_FORMATS", "check_tool_options", "check_tool_world", "parse_tools", "resolve_tools",
+           "tool_schemas"]
 
 TOOL_FORMATS = ("code", "hermes")
+# the built-in interpreter as a chat template's `tools=` lists it (its calls: {"name": "python", "arguments": {"code"}})
+PYTHON_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Runs Python code in a sandbox and returns what it printed (stdout, then stderr).",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The Python program to run."}},
+            "required": ["code"],
+        },
+    },
+}
 _MIN_MEMORY_MB = 64  # the interpreter alone needs about this much address space
 
 
@@ -94,3 +108,13 @@ def check_tool_world(c, world: int) -> None:
     """Tools on a launch of `world` ranks: one replica only (untested across data-parallel ranks)."""
     if c.tools and world > c.sequence_parallel:
         raise ConfigError("tools", c.tools, f"is refused with data parallel (world {world}): untested across ranks")
+
+
+def tool_schemas(config, given: list[Callable] | None = None) -> tuple[dict, ...]:
+    """The JSON schemas the prompt's chat template lists (`tools=`) in the hermes format; () in the code format or
+    without tools (a raw prompt says how to call the interpreter in its own words)."""
+    if config.tool_format != "hermes":
+        return ()
+    from fastrl.tools import tool_schema
+
+    return tuple(PYTHON_SCHEMA if fn is None else tool_schema(fn) for fn in resolve_tools(config.tools, given).values())

@@ -251,3 +251,20 @@ def test_a_user_tool_past_its_timeout_is_a_timeout_observation():
     assert time.perf_counter() - t0 < 2.5  # the rollout did not wait out the tool's 3 s
     assert "<tool_response>\n\n[timed out after 0.2 s]\n</tool_response>" in tok.decode(comp.completion_ids)
     assert (comp.tool_calls, comp.tool_timeouts, comp.tool_errors) == (1, 1, 0)
+
+
+def test_the_hermes_prompt_lists_the_tools_schemas():
+    """In the hermes format the chat template is given the tools' JSON schemas, so the model is told what it may
+    call (the built-in python's and a user tool's, from its signature and docstring); the code format lists none."""
+    from fastrl.trainer.rollout import build_prompt
+    from fastrl.trainer.stages import CollectSettings
+
+    tok = markup_tokenizer()
+    tok.chat_template = "{% for t in tools or [] %}{{ t | tojson }}\n{% endfor %}" + CHATML
+    config = make_config(tools=f"python,{__name__}:word_count", tool_format="hermes", chat_template=True)
+    settings = CollectSettings.from_config(config)
+    assert [t["function"]["name"] for t in settings.tools] == ["python", "word_count"]
+    assert settings.tools[1]["function"]["parameters"]["properties"]["text"]["type"] == "string"
+    prompt = tok.decode(build_prompt(tok, "q", "{prompt}", True, 4096, settings.tools))
+    assert '"name": "word_count"' in prompt and '"name": "python"' in prompt and prompt.endswith("assistant\n")
+    assert CollectSettings.from_config(make_config(tools="python")).tools == ()

@@ -68,11 +68,14 @@ def end_token_ids(model, tokenizer) -> list[int]:
     return sorted({i for i in ids if i is not None})
 
 
-def build_prompt(tokenizer, question: str, template: str, chat: bool, max_length: int) -> list[int]:
-    """Token ids of one prompt: the template filled with the question, optionally in the chat template."""
+def build_prompt(tokenizer, question: str, template: str, chat: bool, max_length: int,
+                 tools: tuple[dict, ...] = ()) -> list[int]:  # fmt: skip
+    """Token ids of one prompt: the template filled with the question, optionally in the chat template (which lists
+    `tools`, JSON schemas, where given)."""
     text = template.format(prompt=question)
     if chat:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        listed = {"tools": list(tools)} if tools else {}
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, **listed)
         if hasattr(ids, "input_ids"):  # some versions return a BatchEncoding
             ids = ids["input_ids"]
     else:
