@@ -65,11 +65,8 @@ def collect(engine: RolloutEngine, tokenizer, problems, settings: CollectSetting
     batch's sums run over the data-parallel group of `sp` (None: every rank): the ranks of a sequence group hold
     the same rollouts, which must count once.
     """
-    prompts = [
-        build_prompt(tokenizer, p.prompt, settings.prompt_template, settings.chat_template, settings.max_prompt_length,
-                     settings.tools)
-        for p in problems
-    ]
+    prompts = [build_prompt(tokenizer, p.prompt, settings.prompt_template, settings.chat_template,
+                            settings.max_prompt_length, settings.tools) for p in problems]  # fmt: skip
     seeded = {"prompt_ids": prompt_ids} if prompt_ids is not None and getattr(engine, "seeded", False) else {}
     comps = engine.generate(prompts, settings.scoring.group_size, want_logprobs=settings.want_logprobs, **seeded)
     return score_batch(comps, problems, settings.scoring, reward, tokenizer, sp)

@@ -13,8 +13,15 @@ from collections.abc import Callable
 
 from .validate import ConfigError
 
-__all__ = ["PYTHON_SCHEMA", "TOOL_FORMATS", "check_tool_options", "check_tool_world", "parse_tools", "resolve_tools",
-           "tool_schemas"]
+__all__ = [
+    "PYTHON_SCHEMA",
+    "TOOL_FORMATS",
+    "check_tool_options",
+    "check_tool_world",
+    "parse_tools",
+    "resolve_tools",
+    "tool_schemas",
+]
 
 TOOL_FORMATS = ("code", "hermes")
 # the built-in interpreter as a chat template's `tools=` lists it (its calls: {"name": "python", "arguments": {"code"}})
