@@ -67,10 +67,12 @@ def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path, mo
         loop.train(make_config("tiny", output_dir=str(tmp_path / "async"), async_staleness=0, **common))
         # the same completions, inserted spans and loss masks: two batches of 4 prompts x 4 completions
         assert len(seen[0]) == 2 * 4 * 4 and seen[1] == seen[0]
-        cut = [(ids, span, mask) for ids, span, mask in seen[0] if span is not None]
+        assert all(len(spans) <= 1 for _, spans, _ in seen[0])  # at most one span a completion: the budget's
+        cut = [(ids, spans[0], mask) for ids, spans, mask in seen[0] if spans]
         insert = CharTokenizer().encode(".</think>")  # the stop-thinking text and the closing marker
-        assert len(cut) >= len(seen[0]) // 2 and all(ids[span[0] : span[1]] == insert for ids, span, _ in cut), cut
-        assert all(mask[span[0] : span[1]] == [0.0, 0.0] and sum(mask) == len(ids) - 2 for ids, span, mask in cut)
+        assert len(cut) >= len(seen[0]) // 2 and all(span.kind == "thinking" for _, span, _ in cut), cut
+        assert all(ids[span.start : span.end] == insert for ids, span, _ in cut), cut
+        assert all(mask[span.start : span.end] == [0.0, 0.0] and sum(mask) == len(ids) - 2 for ids, span, mask in cut)
         log = two_ranks.communicate(timeout=900)[0]
         assert two_ranks.returncode == 0, log[-3000:]
         # the two ranks as one sequence-parallel group (both train the whole batch, each its block of the tokens),
