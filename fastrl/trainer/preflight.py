@@ -3,6 +3,7 @@ exists, and the output directory is this run's. Each failure is a `ConfigError` 
 value, raised in seconds instead of after a model download and a warm-up.
 """
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -12,6 +13,7 @@ from fastrl.rewards import WeightedReward, accuracy_reward, combine_rewards, for
 
 from .checkpoint import prepare_output_dir
 from .config import TrainConfig
+from .tool_options import add_tool_functions
 from .trackers import check_installed
 from .validate import ConfigError, parse_reward_spec
 
@@ -99,3 +101,15 @@ def preflight(config: TrainConfig, rewards=None):
         raise ConfigError(None, config.report_to, str(e)) from None  # the message names --report-to and the tracker
     prepare_output_dir(config.output_dir, resume=config.resume, overwrite=config.overwrite)
     return reward
+
+
+def with_tools(config: TrainConfig, tools) -> TrainConfig:
+    """`config` with the tools given from Python (`train(config, tools=[...])`) added to its `tools` as
+    `module:function` entries, checked as `--tools` is (the pairs refused with tools included)."""
+    if not tools:
+        return config
+    try:
+        spec = add_tool_functions(config.tools, list(tools))
+    except ValueError as e:
+        raise ConfigError("tools", tools, str(e)) from None
+    return dataclasses.replace(config, tools=spec)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from .validate import ConfigError
 
 __all__ = [
+    "add_tool_functions",
     "PYTHON_SCHEMA",
     "TOOL_FORMATS",
     "check_tool_options",
@@ -125,3 +126,23 @@ def tool_schemas(config, given: list[Callable] | None = None) -> tuple[dict, ...
     from fastrl.tools import tool_schema
 
     return tuple(PYTHON_SCHEMA if fn is None else tool_schema(fn) for fn in resolve_tools(config.tools, given).values())
+
+
+def add_tool_functions(spec: str, given: list[Callable]) -> str:
+    """`spec` with the functions given from Python (`train(config, tools=[...])`) added as `module:function` entries,
+    so every check and every engine sees them as it sees `--tools`. ValueError naming the function when it is not
+    importable by that name (a lambda, a nested function, a method): define it at a module's top level."""
+    names = parse_tools(spec)
+    for fn in given:
+        name, module = getattr(fn, "__qualname__", None), getattr(fn, "__module__", None)
+        found = None
+        if callable(fn) and name and module and "." not in name and "<" not in name:
+            try:
+                found = getattr(importlib.import_module(module), name, None)
+            except ImportError:
+                pass
+        if found is not fn:
+            raise ValueError(f"{fn!r}: a tool given to train() must be a module-level function (importable as "
+                             "module:function)")  # fmt: skip
+        names.append(f"{module}:{name}")
+    return ",".join(names)

@@ -33,21 +33,24 @@ from .eval_options import eval_due
 from .evaluation import Evaluator, load_eval_sets
 from .metrics import MetricsLogger, progress_line, read_metrics
 from .plot import plot_runs
-from .preflight import preflight
+from .preflight import preflight, with_tools
 from .rollout import check_engine_available
 from .sources import SyncSource
 from .stages import minibatches, optimizer_step, save_run, should_save, step_record
 from .trackers import open_trackers
 
 
-def train(config: TrainConfig, rewards=None) -> dict:
+def train(config: TrainConfig, rewards=None, tools=None) -> dict:
     """Run GRPO as configured; returns the last step's metrics. Resumable from `config.output_dir`.
 
     `rewards` replaces `config.rewards`: a list of specs ("accuracy:1.0", "my_module:my_fn:0.5") and / or
     reward terms, `(fn, weight)`, `(name, fn, weight)` or `fastrl.rewards.WeightedReward`, where `fn(completion,
-    gold) -> float`. Raises ConfigError (a ValueError) before building anything when a setting cannot work.
+    gold) -> float`. `tools` adds user tools to `config.tools` (TRL's `tools=`): module-level Python functions, each
+    run as `--tools module:function` would be. Raises ConfigError (a ValueError) before building anything when a
+    setting cannot work.
     """
     t_start = time.time()
+    config = with_tools(config, tools)
     check_engine_available(config.engine)
     reward = preflight(config, rewards)
     eval_sets = load_eval_sets(config)  # before the model: a set that does not load costs no warm-up

@@ -58,3 +58,35 @@ def test_user_tools_resolve_from_the_spec_and_from_python():
     assert resolve_tools("python", [lookup]) == {"python": None, "lookup": lookup}
     with pytest.raises(ValueError, match="word_count"):
         resolve_tools(f"{__name__}:word_count", [word_count])
+
+
+def test_train_takes_module_level_functions_as_tools_and_checks_them_as_flags(monkeypatch, tmp_path):
+    """`train(config, tools=[fn])` (TRL's `tools=`) runs `fn` as `--tools module:fn` would: the config the run
+    builds names it, so every check sees it; a lambda or a nested function is refused naming it, before anything
+    is built; a pair refused with tools is refused with tools given from Python too."""
+    from fastrl.trainer import trainer as loop
+
+    built = []
+
+    def stop(config):
+        built.append(config)
+        raise KeyboardInterrupt  # the run is built from here on: the test has what it came for
+
+    monkeypatch.setattr(loop, "start_run", stop)
+    hermes = dict(output_dir=str(tmp_path), tool_format="hermes", chat_template=True)
+    with pytest.raises(KeyboardInterrupt):
+        loop.train(make_config("tiny", tools="python", **hermes), tools=[word_count])
+    assert built[0].tools == f"python,{__name__}:word_count"
+    assert resolve_tools(built[0].tools) == {"python": None, "word_count": word_count}
+
+    def nested(text: str) -> int:
+        return 0
+
+    for bad in (lambda text: 0, nested):
+        with pytest.raises(ConfigError) as e:
+            loop.train(make_config("tiny", **hermes), tools=[bad])
+        assert e.value.field == "tools" and "module-level function" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        loop.train(make_config("tiny", thinking_budget=4, **hermes), tools=[word_count])
+    assert e.value.field == "thinking_budget" and "refused with tools" in str(e.value)
+    assert len(built) == 1
