@@ -4,11 +4,16 @@ Started by `harness.cpu_peak_in_subprocess` with a JSON spec (op, provider, shap
 seed; for a floor, the tilings its parent picked, so the child measures those); prints one JSON line:
 the peak RSS over the baseline (inputs allocated, warm-up done) and the bytes of the gradients the op
 must return, which the report subtracts to get the extra memory.
+
+With `outputs_path` in the spec the measured call is also the checked and the first timed one: it runs with
+the `check` upstream, its outputs are saved there for the parent to compare with its reference, and `reps - 1`
+more calls are timed (the report gains `seconds`, one per call). A large point then costs one call, not three.
 """
 
 import importlib
 import json
 import sys
+import time
 
 import torch
 
@@ -29,11 +34,28 @@ def main(spec: dict) -> dict:
         op.closure(provider, tiny, spec["mode"], upstream="time")()
         del tiny
     inputs = op.make_inputs(spec["shape"], dtype, device, spec["seed"])
-    fn = op.closure(provider, inputs, spec["mode"], upstream="time")
+    checked = "outputs_path" in spec
+    fn = op.closure(provider, inputs, spec["mode"], upstream="check" if checked else "time")
     if provider.compiles:
         fn()  # compilation at this very shape; its memory is not the op's
-    peak = rss_peak_bytes(fn)
-    return {"peak_bytes": peak, "grad_bytes": op.grad_bytes(inputs, spec["mode"])}
+    if not checked:
+        return {"peak_bytes": rss_peak_bytes(fn), "grad_bytes": op.grad_bytes(inputs, spec["mode"])}
+    kept, seconds = [], []
+
+    def timed():
+        start = time.perf_counter()
+        kept.append(fn())
+        seconds.append(time.perf_counter() - start)
+        return None
+
+    peak = rss_peak_bytes(timed)
+    torch.save({k: v.detach() for k, v in kept.pop().items()}, spec["outputs_path"])
+    again = op.closure(provider, inputs, spec["mode"], upstream="time")
+    for _ in range(spec.get("reps", 1) - 1):
+        start = time.perf_counter()
+        again()
+        seconds.append(time.perf_counter() - start)
+    return {"peak_bytes": peak, "grad_bytes": op.grad_bytes(inputs, spec["mode"]), "seconds": seconds}
 
 
 if __name__ == "__main__":

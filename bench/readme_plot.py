@@ -46,7 +46,12 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="1024,2048,4096,8192,16384,32768", help="token counts, smallest first")
     p.add_argument("--D", type=int, default=896)
     p.add_argument("--V", type=int, default=151936)
-    p.add_argument("--reps", type=int, default=1, help="timed calls per point after the checked one")
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=2,
+        help="calls per point below 4,096 tokens (the first is also checked and measured for memory); one from there",
+    )
     p.add_argument("--token-logprobs-providers", default=PROVIDERS["token_logprobs"])
     p.add_argument("--grpo-loss-providers", default=PROVIDERS["grpo_loss"])
     p.add_argument("--limit-gib", type=float, default=8.0, help="RLIMIT_AS of the run and its memory children")
@@ -179,7 +184,7 @@ def _caption(env: dict, results: list[Result]) -> str:
         skipped.setdefault((op_name, ", ".join(ns), reason), []).append(provider)
     lines = [
         f"{env['machine']}, {env['timestamp_utc'][:16]} UTC; {env['load']}"
-        " (a shared machine: other test runs beside this one)",
+        + (f" ({env['note']})" if env.get("note") else ""),
         f"checked against eager; eager in row blocks (fp32, same inputs) at {', '.join(blocked) or 'no point'}",
     ]
     over = [n for n, gib in env["eager_need_gib"].items() if gib > env["limit_gib"]]
@@ -193,8 +198,6 @@ def _caption(env: dict, results: list[Result]) -> str:
         left = [n for n in env["eager_need_gib"] if int(n) not in reached]
         if left:
             lines.append(f"not measured at N = {', '.join(left)}: {op_name}, the run was stopped before them")
-    if env.get("note"):
-        lines.append(env["note"])
     lines.append(env["command"].strip())
     return "\n".join(lines)
 

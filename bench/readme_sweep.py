@@ -1,8 +1,10 @@
 """The README figure's measurements: `token_logprobs` and `grpo_loss` fwd+bwd against tokens at an LM head's shape.
 
-Each point is the bench harness's `run_group` (every provider checked against a reference first, timed in
-interleaved rounds, its peak memory measured in a fresh process). What this module adds is what a large
-vocabulary on a small shared CPU needs:
+Each provider at each point runs in a fresh process (`bench._memchild` with an outputs path): its first call
+gives the peak extra memory and the first time, and its outputs, which are checked here against the reference;
+further calls are timed (`reps` in all below ONE_REP_FROM tokens, one from there). A point costs a provider one
+call where the harness's `run_group` spends three (checked, timed, measured). What this module adds for a large
+vocabulary on a small CPU:
 
 - a reference that always fits: eager PyTorch where its predicted need fits the process limit, else the same
   eager reference computed in row blocks (float32, the same inputs, the exact gradients by the chain rule);
@@ -14,14 +16,16 @@ vocabulary on a small shared CPU needs:
 A point not run is a `skipped` row with its reason (and predicted need); it is never drawn as measured.
 """
 
+import os
 import resource
+import tempfile
 import time
 
 import torch
 
 from bench.bench_grpo_loss import OP as GRPO_OP
 from bench.bench_token_logprobs import OP as TOKEN_OP
-from bench.harness import Result, Settings, ShapeCache, run_group
+from bench.harness import REL_TOL, Result, cpu_peak_in_subprocess, quantiles, relative_error
 from fastrl import policy_loss
 from fastrl.kernels import LogprobParams, token_logprobs_reference
 
@@ -32,6 +36,10 @@ GIB = 2**30
 # Bytes held per (token, vocabulary entry) / 4 in fp32 fwd+bwd by the providers that keep the [N, V] logits on
 # CPU, from the extra memory the earlier README run measured (eager 2.9-3.0x, CCE's torch_compile path 0.94x)
 LOGIT_FACTOR = {"eager": 3.0, "cce": 1.0}
+SEED = 0
+CHILD_TIMEOUT_S = 3600  # one provider at one point, all its calls
+OOM_WORDS = ("MemoryError", "out of memory", "can't allocate", "DefaultCPUAllocator")
+ONE_REP_FROM = 4096  # from this many tokens a point is one call (memory and a single time)
 
 
 def shape_at(op_name: str, tokens: int, d: int, v: int) -> dict:
@@ -131,6 +139,7 @@ def sweep_point(op_name, providers, tokens, d, v, limits, seconds_per_token, rep
     rows. Returns the rows and the reference used ("eager" or "eager in row blocks")."""
     limit_bytes, max_call_s = limits
     shape = shape_at(op_name, tokens, d, v)
+    reps = reps if tokens < ONE_REP_FROM else 1
     rows, run = [], []
     for name in providers:
         need = predicted_bytes(name, tokens, d, v)
@@ -145,15 +154,57 @@ def sweep_point(op_name, providers, tokens, d, v, limits, seconds_per_token, rep
             run.append(name)
     eager_need = predicted_bytes("eager", tokens, d, v)
     fits = eager_need <= limit_bytes
-    op = OPS[op_name] if fits else BlockedReference(OPS[op_name])
-    settings = Settings(warmup=0, reps=reps, budget_s=0.0, memory=True)
-    group = run_group(
-        op, [op.providers[n] for n in run], shape, "fp32", "fwd+bwd", torch.device("cpu"), settings, ShapeCache()
-    )
-    for r in group:
+    op = OPS[op_name]
+    inputs = op.make_inputs(shape, torch.float32, torch.device("cpu"), SEED)
+    live = op.live_rows(inputs)
+    reference = None
+    if op_name == "token_logprobs":  # its reference is row-limited and always fits
+        reference = op.reference(inputs)
+    elif not fits:
+        reference = BlockedReference(op).reference(inputs)
+    elif op.baseline not in run:
+        reference = op.reference(inputs)
+    del inputs
+    if reference is None:  # eager itself runs here: its call is the reference
+        run.remove(op.baseline)
+        res, reference = one_call(op, op.baseline, shape, reps, None)
+        rows.append(res)
+    for name in run:
+        rows.append(one_call(op, name, shape, reps, reference)[0])
+    for r in rows:
+        r.live_rows = live if r.status != "skipped" else None
         if r.measured:
             seconds_per_token[(op_name, r.provider)] = r.median_ms / 1e3 / tokens
-    return rows + group, "eager" if fits else "eager in row blocks"
+    return rows, "eager" if fits else "eager in row blocks"
+
+
+def one_call(op, name: str, shape: dict, reps: int, reference: dict | None):
+    """`name` at one point in a fresh process: its first call gives the peak extra memory, the time and the
+    outputs checked against `reference` here; `reps - 1` more calls are timed. With no reference the provider
+    is the reference: its row is "ref" and its outputs come back. Returns (row, outputs or None)."""
+    res = Result(op.name, name, "fwd+bwd", dict(shape), "fp32", status="ok")
+    with tempfile.TemporaryDirectory() as work:
+        path = os.path.join(work, "outputs.pt")
+        spec = dict(op=op.name, provider=name, shape=shape, dtype="fp32", mode="fwd+bwd", seed=SEED, reps=reps)
+        child = cpu_peak_in_subprocess(dict(spec, outputs_path=path), timeout_s=CHILD_TIMEOUT_S)
+        if "error" in child:
+            oom = any(word in child["error"] for word in OOM_WORDS)
+            res.status, res.note = ("OOM" if oom else "error"), child["error"]
+            return res, None
+        outputs = torch.load(path)
+    res.median_ms, res.p20_ms, res.p80_ms = quantiles([s * 1e3 for s in child["seconds"]])
+    res.reps = len(child["seconds"])
+    res.peak_mib = child["peak_bytes"] / 2**20
+    res.extra_mib = (child["peak_bytes"] - child["grad_bytes"]) / 2**20
+    if reference is None:
+        res.status, res.errors = "ref", {k: 0.0 for k in outputs}
+        return res, outputs
+    res.errors = {k: relative_error(outputs[k], reference[k]) for k in outputs}
+    bad = {k: e for k, e in res.errors.items() if not e <= REL_TOL[torch.float32]}
+    if bad:
+        res.status = "FAIL"
+        res.note = "; ".join(f"{k} rel err {e:.2e}" for k, e in bad.items())
+    return res, None
 
 
 def sweep(ops, providers, tokens, d, v, limits, reps, stop_by: float, on_point) -> None:

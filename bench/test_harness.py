@@ -390,3 +390,31 @@ def test_long_call_fails_a_wrong_grpo_loss_gradient_and_drops_its_figures(capsys
     row = next(line for line in captured.out.splitlines() if line.startswith("| grpo_loss"))
     assert row.split("|")[2].strip() == "FAIL" and "| — |" in row, row  # the loss value is right: the gradient fails
     assert "FAILED: grpo_loss" in captured.err
+
+
+@pytest.mark.slow
+def test_the_readme_sweep_checks_times_and_measures_each_provider_in_one_call():
+    # one fresh process per provider and point: its first call is checked here, timed and measured for memory
+    from bench import readme_sweep
+
+    limits, per_token = (8 * 2**30, 600.0), {}
+    for op_name in readme_sweep.OPS:
+        rows, reference = readme_sweep.sweep_point(
+            op_name, ["eager", "fastrl-torch"], 1024, 16, 256, limits, per_token, 2
+        )
+        assert reference == "eager"
+        by = {r.provider: r for r in rows}
+        assert by["eager"].status in ("ref", "ok") and by["fastrl-torch"].status == "ok", [
+            (r.status, r.note) for r in rows
+        ]
+        for r in rows:
+            assert r.reps == 2 and r.median_ms > 0 and r.extra_mib is not None and r.live_rows > 0
+            assert r.errors and max(r.errors.values()) <= 1e-4
+        assert set(per_token) >= {(op_name, "eager"), (op_name, "fastrl-torch")}
+    # a reference the provider does not match is a FAIL row naming the output
+    op = readme_sweep.OPS["grpo_loss"]
+    shape = readme_sweep.shape_at("grpo_loss", 1024, 16, 256)
+    ref = op.reference(op.make_inputs(shape, torch.float32, CPU, readme_sweep.SEED))
+    ref["weight.grad"] = ref["weight.grad"] * 1.01
+    row, _ = readme_sweep.one_call(op, "fastrl-torch", shape, 1, ref)
+    assert row.status == "FAIL" and "weight.grad" in row.note and row.reps == 1
