@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     p.add_argument("--grpo-loss-providers", default=PROVIDERS["grpo_loss"])
     p.add_argument("--limit-gib", type=float, default=8.0, help="RLIMIT_AS of the run and its memory children")
     p.add_argument("--max-call-s", type=float, default=360.0, help="skip a provider whose call is predicted longer")
+    p.add_argument("--max-tokens", default="", help="PROVIDER=N,...: run a provider at N tokens at most")
     p.add_argument("--budget-min", type=float, default=80.0, help="start no point after this many minutes")
     p.add_argument("--note", default="", help="a line for the caption: what else ran on the machine")
     p.add_argument("--out", default=OUT)
@@ -73,6 +74,10 @@ def main(argv=None) -> int:
         unknown = [n for n in names if n not in OPS[op_name].providers]
         if unknown:
             raise SystemExit(f"unknown {op_name} providers {unknown}; known: {sorted(OPS[op_name].providers)}")
+    try:
+        max_tokens = {k: int(n) for k, n in (item.split("=") for item in a.max_tokens.split(",") if item)}
+    except ValueError:
+        raise SystemExit(f"--max-tokens takes PROVIDER=N,..., got {a.max_tokens!r}") from None
     limit = int(a.limit_gib * GIB)
     limit_address_space(limit)
     env = environment(torch.device("cpu"))
@@ -81,6 +86,7 @@ def main(argv=None) -> int:
         command="PYTHONPATH=. python -m bench.readme_plot " + shlex.join(argv if argv is not None else sys.argv[1:]),
         limit_gib=a.limit_gib,
         max_call_s=a.max_call_s,
+        max_tokens=max_tokens,
         note=a.note,
         references={},
         eager_need_gib={str(n): predicted_bytes("eager", n, a.D, a.V) / GIB for n in tokens},
@@ -98,9 +104,8 @@ def main(argv=None) -> int:
         env["load"] = f"load {env['load_average_start']} → {load_average()}"
         report.write_json(json_path, env, results)
 
-    sweep(
-        list(OPS), providers, tokens, a.D, a.V, (limit, a.max_call_s), a.reps, time.time() + 60 * a.budget_min, on_point
-    )
+    limits, stop_by = (limit, a.max_call_s, max_tokens), time.time() + 60 * a.budget_min
+    sweep(list(OPS), providers, tokens, a.D, a.V, limits, a.reps, stop_by, on_point)
     env["timestamp_end_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     report.write_json(json_path, env, results)
     return draw(env, results, a.out)

@@ -11,7 +11,7 @@ vocabulary on a small CPU:
 - a memory limit: the whole sweep, and with it every memory child, runs under `RLIMIT_AS`, and a provider that
   keeps the `[N, V]` logits is not started where N x V x 4 bytes x its factor would pass that limit;
 - a time limit: a provider is not started at a point where one call would take longer than `max_call_s`,
-  predicted from its own call at the largest smaller point of the same run.
+  predicted from its own call at the largest smaller point of the same run, nor past its `max_tokens` entry.
 
 A point not run is a `skipped` row with its reason (and predicted need); it is never drawn as measured.
 """
@@ -137,7 +137,7 @@ def _skipped(op_name: str, provider: str, shape: dict, note: str) -> Result:
 def sweep_point(op_name, providers, tokens, d, v, limits, seconds_per_token, reps) -> tuple[list[Result], str]:
     """One token count of one op: the providers that fit the limits through `run_group`, the others as skipped
     rows. Returns the rows and the reference used ("eager" or "eager in row blocks")."""
-    limit_bytes, max_call_s = limits
+    limit_bytes, max_call_s, max_tokens = limits
     shape = shape_at(op_name, tokens, d, v)
     reps = reps if tokens < ONE_REP_FROM else 1
     rows, run = [], []
@@ -146,6 +146,9 @@ def sweep_point(op_name, providers, tokens, d, v, limits, seconds_per_token, rep
         per_token = seconds_per_token.get((op_name, name))
         if need is not None and need > limit_bytes:
             note = f"needs > {limit_bytes / GIB:.0f} GiB (predicted {need / GIB:.1f} GiB): not run"
+            rows.append(_skipped(op_name, name, shape, note))
+        elif tokens > max_tokens.get(name, tokens):
+            note = f"not run past {max_tokens[name]:,} tokens (--max-tokens), to fit the run's time"
             rows.append(_skipped(op_name, name, shape, note))
         elif per_token is not None and per_token * tokens > max_call_s:
             note = f"not measured: a call predicted at {per_token * tokens:.0f} s > {max_call_s:.0f} s"

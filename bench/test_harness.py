@@ -397,7 +397,7 @@ def test_the_readme_sweep_checks_times_and_measures_each_provider_in_one_call():
     # one fresh process per provider and point: its first call is checked here, timed and measured for memory
     from bench import readme_sweep
 
-    limits, per_token = (8 * 2**30, 600.0), {}
+    limits, per_token = (8 * 2**30, 600.0, {"fastrl-torch": 1024}), {}
     for op_name in readme_sweep.OPS:
         rows, reference = readme_sweep.sweep_point(
             op_name, ["eager", "fastrl-torch"], 1024, 16, 256, limits, per_token, 2
@@ -411,6 +411,9 @@ def test_the_readme_sweep_checks_times_and_measures_each_provider_in_one_call():
             assert r.reps == 2 and r.median_ms > 0 and r.extra_mib is not None and r.live_rows > 0
             assert r.errors and max(r.errors.values()) <= 1e-4
         assert set(per_token) >= {(op_name, "eager"), (op_name, "fastrl-torch")}
+    # past its --max-tokens entry a provider is a skipped row saying why, never a measured one
+    (row,), _ = readme_sweep.sweep_point("token_logprobs", ["fastrl-torch"], 2048, 16, 256, limits, per_token, 1)
+    assert row.status == "skipped" and "--max-tokens" in row.note and row.median_ms is None
     # a reference the provider does not match is a FAIL row naming the output
     op = readme_sweep.OPS["grpo_loss"]
     shape = readme_sweep.shape_at("grpo_loss", 1024, 16, 256)
