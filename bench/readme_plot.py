@@ -18,6 +18,7 @@ import json
 import os
 import shlex
 import sys
+import textwrap
 import time
 
 import torch
@@ -156,7 +157,7 @@ def draw(env: dict, results: list[Result], out: str) -> int:
         for a in axes[row]:
             a.set_xlim(planned[0] / 1.3, planned[-1] * 1.3)
             if a.get_legend_handles_labels()[0]:
-                a.legend(fontsize=8)
+                a.legend(fontsize=8, framealpha=0.5)  # the lines under it stay visible
     wrong = [f"{r.op} {r.provider} {report.tokens(r.shape)}: {r.status} {r.note}" for r in results
              if r.status in ("FAIL", "error", "OOM")]  # fmt: skip
     caption = _caption(env, results)
@@ -203,7 +204,7 @@ def _caption(env: dict, results: list[Result]) -> str:
         left = [n for n in env["eager_need_gib"] if int(n) not in reached]
         if left:
             lines.append(f"not measured at N = {', '.join(left)}: {op_name}, the run was stopped before them")
-    lines.append(env["command"].strip())
+    lines += textwrap.wrap(env["command"].strip(), 170, subsequent_indent="    ")
     return "\n".join(lines)
 
 
