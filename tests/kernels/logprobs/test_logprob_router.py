@@ -12,8 +12,6 @@ from fastrl.kernels.logprobs import api
 from fastrl.kernels.logprobs.naive import sampled_logprobs_reference
 
 N, D, V = 13, 8, 31
-PLAIN = dict(bias=None, ignore_index=-100, return_entropy=False, impl="torch", process_group=None, top_k=None,
-             top_p=None, min_p=None, softcap=None, return_topk=None)  # fmt: skip
 
 
 def make(seed=0):
@@ -33,7 +31,9 @@ def test_one_temperature_floor_everywhere():
         "per-token": lambda: api.token_logprobs(hidden, weight, targets, temperature=torch.full((N,), small)),
         "sampled": lambda: api.sampled_token_logprobs(hidden, weight, targets, temperature=small, top_k=3),
         # the gradient-in-forward pass runs on this checked call
-        "logprob_call": lambda: api.logprob_call(hidden, weight, targets, temperature=small, **PLAIN),
+        "logprob_call": lambda: api.logprob_call(
+            hidden, weight, targets, api.LogprobRequest(temperature=small, impl="torch")
+        ),
     }
     for name, call in calls.items():
         with pytest.raises(ValueError, match="MIN_TEMPERATURE"):
