@@ -115,3 +115,11 @@ def test_vocab_parallel_refuses_the_sampler_by_name(name, value):
     # off values and a soft-cap are no refusal: the call goes on to the group's checks
     with pytest.raises(ValueError, match="not initialized"):
         api.token_logprobs(hidden, weight, targets, process_group=object(), top_k=0, top_p=1.0, softcap=5.0)
+
+
+def test_logprob_call_takes_one_request():
+    hidden, weight, _, targets = make()
+    with pytest.raises(TypeError, match="request must be a LogprobRequest, got dict"):
+        api.logprob_call(hidden, weight, targets, {"impl": "torch"})
+    call, lead = api.logprob_call(hidden, weight, targets, api.LogprobRequest(impl="torch"))
+    assert lead == targets.shape and call.params.ignore_index == -100 and call.kept is None
