@@ -396,9 +396,7 @@ def _pinned() -> set[str]:
 
 PARAM_EXCEPTIONS = _pinned()
 # private functions still over the parameter limit: this list only shrinks
-PARAM_DEBT = {
-    "fastrl.kernels.logprobs.api:logprob_call",
-}
+PARAM_DEBT: set[str] = set()
 
 
 def _functions(name: str):

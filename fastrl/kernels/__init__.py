@@ -17,6 +17,7 @@ from .fused_loss import PolicyTokens, attach_gradients, fused_logprob_grads, tak
 from .logprobs import (
     MIN_TEMPERATURE,
     LogprobParams,
+    LogprobRequest,
     check_temperature,
     keep_rows,
     kept_set_from_vllm,
@@ -47,6 +48,7 @@ __all__ = [
     "logprob_path",
     "replay_logprobs_reference",
     "LogprobParams",
+    "LogprobRequest",
     "PolicyLossParams",
     "PolicyTokens",
     "policy_rows",

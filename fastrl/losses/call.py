@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fastrl.kernels import LogprobRequest
+
 from .config import LossConfig
 
 __all__ = ["LossCall", "PolicyInputs"]
@@ -55,7 +57,7 @@ class LossCall:
         config = self.config
         return config.entropy_coef != 0 or config.top_entropy_quantile < 1 or self.return_entropy
 
-    def logprob_options(self) -> dict:
-        """The keywords of the log-prob ops that every path passes alike."""
-        return dict(bias=self.bias, temperature=self.temperature, ignore_index=self.ignore_index,
-                    impl=self.policy.impl, batch_invariant=self.batch_invariant)  # fmt: skip
+    def logprob_options(self) -> LogprobRequest:
+        """The log-prob op's request with the options every path passes alike; each path replaces the rest."""
+        return LogprobRequest(bias=self.bias, temperature=self.temperature, ignore_index=self.ignore_index,
+                              impl=self.policy.impl, batch_invariant=self.batch_invariant)  # fmt: skip

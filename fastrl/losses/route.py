@@ -90,9 +90,9 @@ def _loss(call: LossCall, logp: torch.Tensor, entropy: torch.Tensor | None) -> L
 
 
 def _logprob_call(call: LossCall, group, **options):
-    # the log-prob op's own checked call over the [N] rows, and targets' shape
-    options = dict(call.logprob_options(), process_group=group, return_topk=None, **options)
-    return logprob_call(call.hidden, call.weight, call.targets, **options)
+    # the log-prob op's own checked call over the [N] rows, and targets' shape; options: this path's request fields
+    request = dataclasses.replace(call.logprob_options(), process_group=group, **options)
+    return logprob_call(call.hidden, call.weight, call.targets, request)
 
 
 def _logprobs(call: LossCall, group, **options):
@@ -105,8 +105,8 @@ def _logprobs(call: LossCall, group, **options):
 def fused_parts(call: LossCall):
     """The loss with its gradients formed in the vocabulary pass; logp and entropy come back detached."""
     p, config = call.policy, call.config
-    sampler = dict(top_k=None, top_p=None, min_p=None, softcap=None)
-    lp_call, lead = _logprob_call(call, None, return_entropy=config.entropy_coef != 0 or call.return_entropy, **sampler)
+    # the full softmax: the request's sampler fields stay off
+    lp_call, lead = _logprob_call(call, None, return_entropy=config.entropy_coef != 0 or call.return_entropy)
     adv = p.advantages if p.advantages.dim() == 2 else p.advantages.unsqueeze(-1)
     # the policy term's detached factor (here only an IS weight from old and rollout log-probs: see
     # `fusable_loss`) is known before the pass; zeros stand in for the current logp it does not read
@@ -154,8 +154,7 @@ def sampled_parts(call: LossCall):
 
 def two_pass_parts(call: LossCall):
     """The log-probs of `token_logprobs` (vocab-parallel with a process group), then the policy loss on them."""
-    sampler = dict(top_k=None, top_p=None, min_p=None, softcap=None)
-    out = _logprobs(call, call.group, return_entropy=call.entropy_wanted, **sampler)
+    out = _logprobs(call, call.group, return_entropy=call.entropy_wanted)  # the sampler's fields stay off
     logp, entropy = out.logp, out.entropy
     return _loss(call, logp, entropy), logp, entropy
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastrl import GRPOLoss
-from fastrl.kernels import fused_logprob_grads, logprob_call
+from fastrl.kernels import LogprobRequest, fused_logprob_grads, logprob_call
 from fastrl.kernels.fused_loss import api as fused_api
 from fastrl.kernels.fused_loss.params import FusedLossParams
 
@@ -74,9 +74,8 @@ def _fused_d_hidden(case, rows):
     g, e = torch.sin(flat.float()).reshape(-1), torch.cos(flat.float()).reshape(-1)
     targets = torch.where(case["mask"][rows] > 0, case["targets"][rows], -100)
     hidden = case["hidden"][rows].requires_grad_()
-    options = dict(bias=None, temperature=1.0, ignore_index=-100, return_entropy=True, impl="triton",
-                   process_group=None, top_k=None, top_p=None, min_p=None, softcap=None, return_topk=None)  # fmt: skip
-    call, _ = logprob_call(hidden, case["weight"], targets, batch_invariant=True, **options)
+    request = LogprobRequest(return_entropy=True, impl="triton", batch_invariant=True)
+    call, _ = logprob_call(hidden, case["weight"], targets, request)
     _, _, (d_hidden, _, _) = fused_logprob_grads(call, lambda idx, logp, ent: (g[idx], e[idx]), entropy_grad=True)
     return d_hidden.reshape(hidden.shape)[rows.index(PROBE)]
 

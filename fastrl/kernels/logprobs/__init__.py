@@ -9,7 +9,7 @@ tile.py      the logit-tile K-loop both Triton kernels share (the torch tile is 
 fwd.py       Triton forward kernel + launcher
 bwd.py       Triton ∂L/∂z kernel + launcher (the gradient GEMMs run in cuBLAS)
 function.py  the Triton path's autograd Function
-api.py       `token_logprobs` / `sampled_token_logprobs`, `logprob_call` and `route`, the one router over the paths
+api.py       `token_logprobs` / `sampled_token_logprobs`, `LogprobRequest`, `logprob_call` and `route`, the one router
 sampling.py  the sampler's kept set (min-p, top-k, top-p) as one threshold per row, and `sampler_on`
 sampled.py   the truncated / soft-capped forward and backward (docs/math.md §8)
 kernel_logits.py  the Triton forward's own final logits of a block of rows (the Triton path's θ search)
@@ -20,7 +20,7 @@ replay.py    the replay path: log-probs over given kept sets, its autograd Funct
 replay_torch.py  its PyTorch walk; replay_fwd.py / replay_bwd.py its Triton kernels; replay_naive.py its reference
 """
 
-from .api import logprob_call, logprob_path, sampled_token_logprobs, shape_logprobs, token_logprobs
+from .api import LogprobRequest, logprob_call, logprob_path, sampled_token_logprobs, shape_logprobs, token_logprobs
 from .checks import check_temperature
 from .kept_set import keep_rows, kept_set_from_vllm
 from .naive import sampled_logprobs_reference, token_logprobs_reference
@@ -31,6 +31,7 @@ from .sampling import sampler_on
 __all__ = [
     "MIN_TEMPERATURE",
     "LogprobParams",
+    "LogprobRequest",
     "check_temperature",
     "keep_rows",
     "kept_set_from_vllm",

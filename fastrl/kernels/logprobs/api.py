@@ -9,7 +9,8 @@ A call is checked once (checks.py), flattened to `[N]` rows, then `route` names 
     plain            the full softmax at one temperature (function.py)
 
 and `logprob_path` hands back the function that runs it (`_PATHS`, by path and implementation; each lives with its
-walk). Each takes the one `_Call` and returns `SampledLogprobs` over the `[N]` rows. The loss's router
+walk). Each takes the one `_Call` and returns `SampledLogprobs` over the `[N]` rows. Every option of a call is one
+field of `LogprobRequest`; `logprob_call` checks it and builds the `_Call`. The loss's router
 (fastrl/losses/route.py) builds the call with `logprob_call` and runs `logprob_path(call)` itself, so no module of
 this one sits between it and the walk. A new path is one more branch of `route` and one more entry of `_PATHS`.
 """
@@ -31,7 +32,37 @@ from .sampled import sampled_path, sampled_tile_rows
 from .sampling import Truncation, rule_on, truncation
 from .vocab_parallel import resolve_shard, shard_layout, vocab_parallel_path
 
-__all__ = ["logprob_call", "logprob_path", "route", "sampled_token_logprobs", "shape_logprobs", "token_logprobs"]
+__all__ = [
+    "LogprobRequest",
+    "logprob_call",
+    "logprob_path",
+    "route",
+    "sampled_token_logprobs",
+    "shape_logprobs",
+    "token_logprobs",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class LogprobRequest:
+    """Every option of one log-prob call besides (hidden, weight, targets): `token_logprobs`' keywords, with their
+    defaults and meaning (see its docstring), and `on_missing`. `logprob_call` checks it once."""
+
+    bias: torch.Tensor | None = None  # [V] LM-head bias (this rank's rows with process_group)
+    temperature: float | torch.Tensor = 1.0  # a float >= MIN_TEMPERATURE, or one per token (targets' shape)
+    ignore_index: int = -100  # targets equal to it give logp = entropy = 0 and no gradient
+    return_entropy: bool = False  # also compute the softmax entropy
+    impl: str = "auto"  # "auto", "triton" or "torch"
+    process_group: object = None  # the vocab-parallel head's group (docs/math.md §6), or None
+    top_k: int | torch.Tensor | None = None  # the sampler's truncation (docs/math.md §8); None / <= 0 / >= V: off
+    top_p: float | torch.Tensor | None = None  # None or 1: off
+    min_p: float | torch.Tensor | None = None  # None or 0: off
+    softcap: float | None = None  # the final-logit soft-cap, before the temperature; None: off
+    return_topk: int | None = None  # k: also the k most likely tokens' ids and log-probs; None: off
+    kept_ids: torch.Tensor | None = None  # the sampler's kept sets, CSR over the N rows (docs/math.md §9), with
+    kept_offsets: torch.Tensor | None = None  # kept_offsets [N + 1]; both or neither
+    on_missing: str = "raise"  # a live target outside its kept set: "raise" a ValueError, or "mask" it in `outside`
+    batch_invariant: bool = False  # a row's results do not depend on the other rows (docs/math.md §1.2)
 
 
 class _Call(NamedTuple):
@@ -101,68 +132,71 @@ def _in_blocks(c: _Call) -> SampledLogprobs:
     return SampledLogprobs(*run_blocks(block, live, c.targets.shape[0], rows, inputs))
 
 
-def _refuse_with_group(top_k, top_p, min_p, return_topk) -> None:
-    for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+def _refuse_with_group(r: LogprobRequest) -> None:
+    for name, value in (("top_k", r.top_k), ("top_p", r.top_p), ("min_p", r.min_p)):
         if rule_on(name, value):
             shown = "a tensor" if isinstance(value, torch.Tensor) else repr(value)
             raise ValueError(
                 f"{name}={shown} is not supported with process_group: the kept set would need a threshold search "
                 "across the vocabulary shards (docs/math.md §6); gather the head and call without process_group"
             )
-    if return_topk is not None:
+    if r.return_topk is not None:
         raise ValueError(
-            f"return_topk={return_topk!r} is not supported with process_group (each rank holds only its own "
+            f"return_topk={r.return_topk!r} is not supported with process_group (each rank holds only its own "
             "vocabulary rows); gather the head and call without process_group"
         )
 
 
-def _refuse_with_kept_sets(top_k, top_p, min_p, process_group) -> None:
-    for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+def _refuse_with_kept_sets(r: LogprobRequest) -> None:
+    for name, value in (("top_k", r.top_k), ("top_p", r.top_p), ("min_p", r.min_p)):
         if rule_on(name, value):
             raise ValueError(
                 f"{name} cannot be combined with kept_ids / kept_offsets: the sampler's kept sets already are its "
                 "truncation (pass one or the other)"
             )
-    if process_group is not None:
+    if r.process_group is not None:
         raise ValueError(
             "kept_ids / kept_offsets are not supported with process_group: gather the head and call without it "
             "(the replay reads only the kept rows of W, so the gathered head is read once, sparsely)"
         )
 
 
-def logprob_call(hidden, weight, targets, *, bias, temperature, ignore_index, return_entropy, impl, process_group,
-              top_k, top_p, min_p, softcap, return_topk, kept_ids=None, kept_offsets=None,
-              on_missing="raise", batch_invariant=False) -> tuple[_Call, torch.Size]:  # fmt: skip
+def logprob_call(hidden, weight, targets, request: LogprobRequest) -> tuple[_Call, torch.Size]:
     """The checked `_Call` of one call over its `[N]` flattened rows, and targets' shape (the outputs' own)."""
-    if not isinstance(batch_invariant, bool):
-        raise TypeError(f"batch_invariant must be a bool, got {batch_invariant!r}")
-    if batch_invariant and process_group is not None:
+    if not isinstance(request, LogprobRequest):
+        raise TypeError(f"request must be a LogprobRequest, got {type(request).__name__}")
+    r = request
+    if not isinstance(r.batch_invariant, bool):
+        raise TypeError(f"batch_invariant must be a bool, got {r.batch_invariant!r}")
+    if r.batch_invariant and r.process_group is not None:
         raise ValueError(
             "batch_invariant=True is not supported with process_group: gather the head and call without it"
         )
-    replay = kept_ids is not None or kept_offsets is not None
+    replay = r.kept_ids is not None or r.kept_offsets is not None
     if replay:
-        if kept_ids is None or kept_offsets is None:
+        if r.kept_ids is None or r.kept_offsets is None:
             raise ValueError("kept_ids and kept_offsets come together: pass both (the CSR of the kept sets) or neither")
-        _refuse_with_kept_sets(top_k, top_p, min_p, process_group)
+        _refuse_with_kept_sets(r)
+    bias, process_group = r.bias, r.process_group
     if process_group is not None:
-        _refuse_with_group(top_k, top_p, min_p, return_topk)
+        _refuse_with_group(r)
         weight, bias, process_group = resolve_shard(weight, bias, process_group)
     elif hasattr(weight, "device_mesh"):
         raise TypeError(
             "weight is a DTensor: pass process_group= for a vocab-parallel call (hidden and targets identical on "
             "every rank), or gather it into a plain tensor first"
         )
+    temperature, ignore_index = r.temperature, r.ignore_index
     check_call(hidden, weight, targets, bias, temperature, ignore_index, sharded=process_group is not None)
-    softcap, ignore_index, lead = check_softcap(softcap), int(ignore_index), targets.shape
-    impl = resolve_impl(impl, hidden.device)
+    softcap, ignore_index, lead = check_softcap(r.softcap), int(ignore_index), targets.shape
+    impl = resolve_impl(r.impl, hidden.device)
     vocab, first_row = weight.shape[0], 0
     if process_group is not None:
         first_row, vocab = shard_layout(weight.shape[0], process_group, hidden.device)
         if vocab == 0:
             raise ValueError("weight must hold at least one token (V >= 1) over the ranks of process_group, got 0")
-    trunc = truncation(top_k, top_p, min_p, lead, vocab, hidden.device)
-    check_return_topk(return_topk, vocab)
+    trunc = truncation(r.top_k, r.top_p, r.min_p, lead, vocab, hidden.device)
+    check_return_topk(r.return_topk, vocab)
     wide_ignore = not -(2**31) <= ignore_index < 2**31
     if targets.dtype != torch.int64 and (wide_ignore or targets.dtype != torch.int32):
         # A narrower dtype wraps ignore_index in comparisons (uint8 156 == -100, int32 0 == 2**40).
@@ -175,11 +209,11 @@ def logprob_call(hidden, weight, targets, *, bias, temperature, ignore_index, re
         ignore_index = -1
     per_token = isinstance(temperature, torch.Tensor)
     tau = temperature.reshape(-1).float() if per_token else float(temperature)
-    params = LogprobParams(tau, ignore_index, bool(return_entropy), softcap, batch_invariant)
+    params = LogprobParams(tau, ignore_index, bool(r.return_entropy), softcap, r.batch_invariant)
     h2 = hidden.reshape(targets.numel(), hidden.shape[-1])  # not -1: D = 0 or N = 0 leave -1 ambiguous
     t1 = targets.reshape(-1)
-    kept = check_kept_set(kept_ids, kept_offsets, t1, ignore_index, vocab, on_missing) if replay else None
-    call = _Call(h2, weight, bias, t1, params, impl, trunc, return_topk, process_group, first_row, kept)
+    kept = check_kept_set(r.kept_ids, r.kept_offsets, t1, ignore_index, vocab, r.on_missing) if replay else None
+    call = _Call(h2, weight, bias, t1, params, impl, trunc, r.return_topk, process_group, first_row, kept)
     return call, lead
 
 
@@ -266,12 +300,12 @@ def token_logprobs(
     derivative raises). An ignored row's hidden state may be inf/NaN (padding) on both paths: it never
     reaches an output or a gradient.
     """
-    call, lead = logprob_call(
-        hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index,
-        return_entropy=return_entropy, impl=impl, process_group=process_group, top_k=top_k, top_p=top_p,
-        min_p=min_p, softcap=softcap, return_topk=return_topk, kept_ids=kept_ids, kept_offsets=kept_offsets,
-        batch_invariant=batch_invariant,
+    request = LogprobRequest(
+        bias=bias, temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy, impl=impl,
+        process_group=process_group, top_k=top_k, top_p=top_p, min_p=min_p, softcap=softcap,
+        return_topk=return_topk, kept_ids=kept_ids, kept_offsets=kept_offsets, batch_invariant=batch_invariant,
     )  # fmt: skip
+    call, lead = logprob_call(hidden, weight, targets, request)
     out = shape_logprobs(logprob_path(call)(call), call, lead)
     res = (out.logp,) + ((out.entropy,) if return_entropy else ())
     res += (out.topk_ids, out.topk_logprobs) if return_topk is not None else ()
@@ -288,10 +322,10 @@ def sampled_token_logprobs(
 
     With kept_ids / kept_offsets a target outside its row's set is not an error here: `outside` flags the row,
     whose logp stays finite (z_y − log Σ_S exp z, with its gradient) for the caller to leave out."""
-    call, lead = logprob_call(
-        hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index,
-        return_entropy=return_entropy, impl=impl, process_group=None, top_k=top_k, top_p=top_p, min_p=min_p,
-        softcap=softcap, return_topk=return_topk, kept_ids=kept_ids, kept_offsets=kept_offsets,
-        on_missing="mask", batch_invariant=batch_invariant,
+    request = LogprobRequest(
+        bias=bias, temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy, impl=impl,
+        top_k=top_k, top_p=top_p, min_p=min_p, softcap=softcap, return_topk=return_topk, kept_ids=kept_ids,
+        kept_offsets=kept_offsets, on_missing="mask", batch_invariant=batch_invariant,
     )  # fmt: skip
+    call, lead = logprob_call(hidden, weight, targets, request)
     return shape_logprobs(logprob_path(call)(call), call, lead)

@@ -10,11 +10,9 @@ temperature, the entropy metric, several chunks, masked rows.
 import pytest
 import torch
 
-from fastrl.kernels import LogprobParams, logprob_call, token_logprobs_reference
+from fastrl.kernels import LogprobParams, LogprobRequest, logprob_call, token_logprobs_reference
 from fastrl.kernels.fused_loss import FusedLossParams, fused_logprob_grads
 from fastrl.kernels.fused_loss import api as lean_mod
-
-PLAIN = dict(process_group=None, top_k=None, top_p=None, min_p=None, softcap=None, return_topk=None)
 
 
 def _case(n=37, d=24, v=300, scale=1.0, bias=False, seed=0):
@@ -56,8 +54,8 @@ def _run(h, w, b, y, a, tau, entropy=False):
     h32, w32 = h.float().requires_grad_(), w.float().requires_grad_()
     b32 = None if b is None else b.float().requires_grad_()
     t32 = tau.float() if isinstance(tau, torch.Tensor) else tau
-    options = dict(bias=b32, temperature=t32, ignore_index=-100, return_entropy=entropy, impl="torch", **PLAIN)
-    call, _ = logprob_call(h32, w32, y, **options)
+    request = LogprobRequest(bias=b32, temperature=t32, return_entropy=entropy, impl="torch")  # the sampler off
+    call, _ = logprob_call(h32, w32, y, request)
     return fused_logprob_grads(call, token_grad, entropy_grad=False)
 
 

@@ -12,8 +12,6 @@ from fastrl.kernels.logprobs import api
 from fastrl.kernels.logprobs.naive import sampled_logprobs_reference
 
 N, D, V = 13, 8, 31
-PLAIN = dict(bias=None, ignore_index=-100, return_entropy=False, impl="torch", process_group=None, top_k=None,
-             top_p=None, min_p=None, softcap=None, return_topk=None)  # fmt: skip
 
 
 def make(seed=0):
@@ -33,7 +31,9 @@ def test_one_temperature_floor_everywhere():
         "per-token": lambda: api.token_logprobs(hidden, weight, targets, temperature=torch.full((N,), small)),
         "sampled": lambda: api.sampled_token_logprobs(hidden, weight, targets, temperature=small, top_k=3),
         # the gradient-in-forward pass runs on this checked call
-        "logprob_call": lambda: api.logprob_call(hidden, weight, targets, temperature=small, **PLAIN),
+        "logprob_call": lambda: api.logprob_call(
+            hidden, weight, targets, api.LogprobRequest(temperature=small, impl="torch")
+        ),
     }
     for name, call in calls.items():
         with pytest.raises(ValueError, match="MIN_TEMPERATURE"):
@@ -115,3 +115,11 @@ def test_vocab_parallel_refuses_the_sampler_by_name(name, value):
     # off values and a soft-cap are no refusal: the call goes on to the group's checks
     with pytest.raises(ValueError, match="not initialized"):
         api.token_logprobs(hidden, weight, targets, process_group=object(), top_k=0, top_p=1.0, softcap=5.0)
+
+
+def test_logprob_call_takes_one_request():
+    hidden, weight, _, targets = make()
+    with pytest.raises(TypeError, match="request must be a LogprobRequest, got dict"):
+        api.logprob_call(hidden, weight, targets, {"impl": "torch"})
+    call, lead = api.logprob_call(hidden, weight, targets, api.LogprobRequest(impl="torch"))
+    assert lead == targets.shape and call.params.ignore_index == -100 and call.kept is None
