@@ -204,8 +204,8 @@ def _caption(env: dict, results: list[Result]) -> str:
         left = [n for n in env["eager_need_gib"] if int(n) not in reached]
         if left:
             lines.append(f"not measured at N = {', '.join(left)}: {op_name}, the run was stopped before them")
-    lines += textwrap.wrap(env["command"].strip(), 170, subsequent_indent="    ")
-    return "\n".join(lines)
+    lines.append(env["command"].strip())
+    return "\n".join(textwrap.fill(line, 170, subsequent_indent="    ") for line in lines)
 
 
 if __name__ == "__main__":
