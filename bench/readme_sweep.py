@@ -59,22 +59,6 @@ def predicted_bytes(provider: str, tokens: int, d: int, v: int) -> int | None:
     return int(tokens * v * 4 * factor) + 3 * 4 * (v * d + tokens * d)
 
 
-def blocked_token_logprobs(inputs: dict) -> dict:
-    """`TOKEN_OP.reference` computed in blocks of BLOCK_ROWS rows: log-probs of every row, gradients for the
-    `check` upstream, summed over the blocks for the weight."""
-    h, w, t, g = inputs["hidden"].detach(), inputs["weight"].detach(), inputs["targets"], inputs["check"]
-    w_leaf = inputs["weight"].detach().requires_grad_()
-    logp, dh, dw = torch.empty(t.numel()), torch.zeros_like(h), torch.zeros_like(w)
-    for start in range(0, t.numel(), BLOCK_ROWS):
-        sl = slice(start, start + BLOCK_ROWS)
-        h_b = h[sl].detach().requires_grad_()
-        logp_b = token_logprobs_reference(h_b, w_leaf, t[sl], None, LogprobParams())[0]
-        dh[sl], dw_b = torch.autograd.grad(logp_b, (h_b, w_leaf), g[sl])
-        dw += dw_b
-        logp[sl] = logp_b.detach()
-    return {"logp": logp, "hidden.grad": dh, "weight.grad": dw}
-
-
 def blocked_grpo_loss(inputs: dict) -> dict:
     """The eager grpo_loss (eager log-probs of the live rows, then `fastrl.policy_loss`) in blocks: the log-probs
     without a graph, the loss and its gradient in the log-probs, then each block's log-probs again with a graph
@@ -106,22 +90,6 @@ def blocked_grpo_loss(inputs: dict) -> dict:
     return {"loss": loss.loss.detach(), "hidden.grad": dh.view(b, t, d), "weight.grad": dw}
 
 
-BLOCKED = {"token_logprobs": blocked_token_logprobs, "grpo_loss": blocked_grpo_loss}
-
-
-class BlockedReference:
-    """An op whose reference is its eager one computed in row blocks; everything else is the op's own."""
-
-    def __init__(self, op):
-        self.op = op
-
-    def __getattr__(self, name):
-        return getattr(self.op, name)
-
-    def reference(self, inputs: dict) -> dict:
-        return BLOCKED[self.op.name](inputs)
-
-
 def limit_address_space(limit_bytes: int) -> None:
     """RLIMIT_AS for this process and every child it starts (the harness's memory children inherit it)."""
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -135,7 +103,7 @@ def _skipped(op_name: str, provider: str, shape: dict, note: str) -> Result:
 
 
 def sweep_point(op_name, providers, tokens, d, v, limits, seconds_per_token, reps) -> tuple[list[Result], str]:
-    """One token count of one op: the providers that fit the limits through `run_group`, the others as skipped
+    """One token count of one op: each provider that fits the limits through `one_call`, the others as skipped
     rows. Returns the rows and the reference used ("eager" or "eager in row blocks")."""
     limit_bytes, max_call_s, max_tokens = limits
     shape = shape_at(op_name, tokens, d, v)
@@ -164,7 +132,7 @@ def sweep_point(op_name, providers, tokens, d, v, limits, seconds_per_token, rep
     if op_name == "token_logprobs":  # its reference is row-limited and always fits
         reference = op.reference(inputs)
     elif not fits:
-        reference = BlockedReference(op).reference(inputs)
+        reference = blocked_grpo_loss(inputs)
     elif op.baseline not in run:
         reference = op.reference(inputs)
     del inputs
