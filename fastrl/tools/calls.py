@@ -4,8 +4,9 @@ Two formats, as the ecosystem writes them:
 
 - raw prompts (ToRL, SimpleTIR): a fenced ```` ```python ```` block is the call; the sampler stops at its closing
   fence, the tool runs, and the observation follows as a ```` ```output ```` block (``output_block``);
-- chat models (Hermes, Qwen): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; the observation goes
-  back as a ``tool`` message through the tokenizer's chat template.
+- chat models (Hermes, Qwen): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in ChatML assistant turns,
+  read by transformers' response parser (``parse_response``'s machinery) with ``HERMES_RESPONSE_TEMPLATE`` and the
+  text before the call as ``prefix``; the observation goes back as a ``tool`` message through the chat template.
 
 A malformed call is not an exception: it comes back as a ``ToolCall`` with ``error`` set, which the rollout turns
 into an observation (the model sees what it got wrong), never a crash.
@@ -16,19 +17,21 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .sandbox import ToolResult
 
 __all__ = [
+    "HERMES_RESPONSE_TEMPLATE",
+    "HERMES_START",
     "OBSERVATION_CHARS",
     "ToolCall",
     "call_tool",
+    "hermes_call",
     "last_python_block",
     "output_block",
-    "parse_tool_calls",
     "tool_schema",
     "truncate_observation",
 ]
@@ -37,7 +40,26 @@ __all__ = [
 OBSERVATION_CHARS = 256
 _PYTHON_BLOCK = re.compile(r"```python[ \t]*\n(.*?)```", re.DOTALL)
 _OUTPUT_OPEN = re.compile(r"\s*```output\b")
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+# where a ChatML assistant turn starts: the parser reads the prefix from its last occurrence on
+HERMES_START = "<|im_start|>assistant\n"
+# transformers' response template (`PreTrainedTokenizerBase.parse_response`) of a Hermes / Qwen assistant turn: an
+# optional <think> block, any number of <tool_call>{json}</tool_call>, the rest is content up to <|im_end|>. The
+# call's close is a literal, so a streaming parser commits it on the token that completes it.
+HERMES_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": HERMES_START,
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"},
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close": "</tool_call>",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -76,31 +98,54 @@ def output_block(observation: str) -> str:
     return f"\n```output\n{observation}\n```\n"
 
 
-def parse_tool_calls(text: str) -> list[ToolCall]:
-    """Every ``<tool_call>{json}</tool_call>`` in ``text``, in order (Hermes / Qwen chat templates)."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    calls = []
-    for match in _TOOL_CALL.finditer(text):
-        body = match.group(1).strip()
+def hermes_call(text: str, *, prefix: str, tools: Sequence[dict] = ()) -> ToolCall | None:
+    """The first ``<tool_call>{json}</tool_call>`` that ``text`` closes, as transformers' ``parse_response`` reads it.
+
+    Args:
+        text: the model's output since its last observation (decoded).
+        prefix: the text the model continued (the prompt, and the completion before ``text``); the parser starts
+            from its last ``HERMES_START``, so a call inside a ``<think>`` block the template opened is thinking.
+        tools: the tools' JSON schemas, which type the arguments (``"7"`` -> 7 for an integer parameter).
+
+    Returns:
+        None when ``text`` closes no call (none, or one still open); else the call, or a ``ToolCall`` with
+        ``error`` set when its body is not ``{"name": str, "arguments": object}`` (the model's observation).
+    """
+    if not isinstance(text, str) or not isinstance(prefix, str):
+        raise TypeError(f"text and prefix must be str, got {type(text).__name__} and {type(prefix).__name__}")
+    import transformers  # only here: the rest of fastrl.tools needs no transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version("5.15"):
+        raise ImportError(f"Hermes tool calls are read by transformers' response parser with typed arguments "
+                          f"(transformers >= 5.15); transformers {transformers.__version__} is installed")  # fmt: skip
+    from transformers.utils.chat_parsing import ResponseParser
+
+    # parse_response feeds the whole text and finalizes, which also parses a call still open (and fails on it);
+    # fed without finalizing, the parser reports each call as its close commits
+    parser = ResponseParser(HERMES_RESPONSE_TEMPLATE, prefix=prefix, tools=list(tools))
+    try:
+        events = parser.feed(text)
+    except ValueError as error:  # only a closed call's body is parsed as it closes (the other fields are text)
+        return ToolCall(None, {}, "the tool call is not valid JSON: " + "; ".join(str(error).splitlines()[1:]))
+    closed = [e["value"] for e in events if e["type"] == "region_close" and e["field"] == "tool_calls"]
+    return _call_of(closed[0]) if closed else None
+
+
+def _call_of(parsed) -> ToolCall:
+    """A ``ToolCall`` from one of ``parse_response``'s ``tool_calls`` (``{"type": "function", "function": ...}``)."""
+    call = parsed.get("function") if isinstance(parsed, dict) else None
+    name = call.get("name") if isinstance(call, dict) else None
+    arguments = call.get("arguments", {}) if isinstance(call, dict) else None
+    if isinstance(arguments, str):  # some templates carry the arguments as a JSON string
         try:
-            call = json.loads(body)
-        except ValueError as error:
-            calls.append(ToolCall(None, {}, f"the tool call is not valid JSON ({error}): {body[:80]!r}"))
-            continue
-        name = call.get("name") if isinstance(call, dict) else None
-        arguments = call.get("arguments", {}) if isinstance(call, dict) else None
-        if isinstance(arguments, str):  # some templates carry the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                arguments = None
-        if not isinstance(name, str) or not isinstance(arguments, dict):
-            error = 'a tool call must be {"name": str, "arguments": object}'
-            calls.append(ToolCall(None, {}, f"{error}, got {body[:80]!r}"))
-            continue
-        calls.append(ToolCall(name, arguments))
-    return calls
+            arguments = json.loads(arguments)
+        except ValueError:
+            arguments = None
+    if not isinstance(name, str) or not isinstance(arguments, dict):
+        error = 'a tool call must be {"name": str, "arguments": object}'
+        return ToolCall(None, {}, f"{error}, got {json.dumps(call)[:80]}")
+    return ToolCall(name, arguments)
 
 
 def truncate_observation(text: str, max_chars: int = OBSERVATION_CHARS) -> str:

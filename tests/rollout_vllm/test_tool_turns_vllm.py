@@ -14,7 +14,17 @@ from fastrl.trainer.rollout import make_engine
 from fastrl.trainer.rollout.interface import InsertedSpan
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "trainer"))
-from test_tool_turns import CLOSE, CODE, OPEN, TableSandbox, bigram_model, chain, markup_tokenizer  # noqa: E402
+from test_tool_turns import (  # noqa: E402
+    CLOSE,
+    CODE,
+    OPEN,
+    TableSandbox,
+    bigram_model,
+    chain,
+    markup_tokenizer,
+    test_a_malformed_hermes_call_is_an_observation,
+    test_hermes_calls_are_what_parse_response_reads_after_the_prompt,
+)
 
 
 def test_vllm_tool_turns_append_observation_ids_and_keep_the_sampled_logprobs(tmp_path, monkeypatch):
@@ -50,3 +60,11 @@ def test_vllm_tool_turns_append_observation_ids_and_keep_the_sampled_logprobs(tm
         inserted = {i for a, b, _ in spans for i in range(a, b)}
         assert all(lp == 0.0 for i, lp in enumerate(c.logprobs) if i in inserted)
         assert all(-1e-3 < lp < 0.0 for i, lp in enumerate(c.logprobs) if i not in inserted)
+
+
+def test_hermes_calls_read_alike_beside_vllm():
+    """The vLLM engine runs the same tool loop in the trainer's process, where vLLM's venv has a transformers of its
+    own: there too the hermes calls are what its parse_response reads, and a malformed one is an observation (the
+    tool loop on scripted rounds, no engine start)."""
+    test_hermes_calls_are_what_parse_response_reads_after_the_prompt()
+    test_a_malformed_hermes_call_is_an_observation()

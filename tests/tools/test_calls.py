@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from transformers.utils.chat_parsing import parse_response
 
 from fastrl.tools import ToolResult
 from fastrl.tools.calls import (
+    HERMES_RESPONSE_TEMPLATE,
+    HERMES_START,
     ToolCall,
     call_tool,
+    hermes_call,
     last_python_block,
     output_block,
-    parse_tool_calls,
     tool_schema,
     truncate_observation,
 )
@@ -38,18 +41,56 @@ def test_nothing_to_run(text):
     assert last_python_block(text) is None
 
 
-def test_hermes_calls_parse_in_order_and_bad_ones_become_errors():
-    text = (
-        '<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>'
-        '<tool_call>{"name": "lookup", "arguments": "{\\"key\\": 3}"}</tool_call>'
-        "<tool_call>{not json}</tool_call>"
-        '<tool_call>{"arguments": {}}</tool_call>'
-    )
-    calls = parse_tool_calls(text)
-    assert calls[:2] == [ToolCall("python", {"code": "print(1)"}), ToolCall("lookup", {"key": 3})]
-    assert calls[2].name is None and "not valid JSON" in calls[2].error
-    assert calls[3].name is None and '{"name": str' in calls[3].error
-    assert parse_tool_calls("plain text") == []
+LOOKUP = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
+    "key": {"type": "integer"}, "note": {"type": "string"}}}}}  # fmt: skip
+# a Qwen prompt: its system turn shows a call that is not JSON, before the assistant turn starts
+PROMPT = '<|im_start|>system\n<tool_call>\n{"name": <function-name>}\n</tool_call><|im_end|>\n' + HERMES_START
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Let me look.\n<tool_call>\n{"name": "lookup", "arguments": {"key": "7", "note": "7"}}\n</tool_call>',
+        '<tool_call>{"name": "lookup", "arguments": {"key": 3}}</tool_call>\n',
+        '<think>\nhm</think>\n<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>',
+    ],
+    ids=["content-then-call", "call-then-newline", "after-thinking"],
+)
+def test_a_hermes_call_is_what_parse_response_reads(text):
+    """The call equals transformers' parse_response on the same text and prefix (arguments typed by the schema)."""
+    parsed = parse_response(text, HERMES_RESPONSE_TEMPLATE, prefix=PROMPT, tools=[LOOKUP])["tool_calls"]
+    assert len(parsed) == 1 and hermes_call(text, prefix=PROMPT, tools=[LOOKUP]) == ToolCall(**parsed[0]["function"])
+    if "note" in text:  # the integer parameter's "7" is cast, the string one's kept
+        assert hermes_call(text, prefix=PROMPT, tools=[LOOKUP]).arguments == {"key": 7, "note": "7"}
+
+
+def test_only_the_first_closed_hermes_call_counts():
+    first = '<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+    assert hermes_call(first + ' <tool_call>{"name": "b", "arguments": {}}</tool_call>', prefix="") == ToolCall("a", {})
+    for open_only in ("plain text", "<tool_call>", '<tool_call>{"name": "a", "argu', "x</tool_call>"):
+        assert hermes_call(open_only, prefix=PROMPT) is None, open_only
+
+
+def test_a_call_inside_the_thinking_the_prompt_opened_is_thinking():
+    """The prefix decides: after a template's `<think>` a mentioned call is reasoning; without it, a call."""
+    mention = 'I could write <tool_call>{"name": "a", "arguments": {}}</tool_call> but'
+    assert hermes_call(mention, prefix=PROMPT + "<think>\n") is None
+    assert hermes_call(mention, prefix=PROMPT) == ToolCall("a", {})
+    then = mention + ' no.</think>\n<tool_call>{"name": "b", "arguments": {}}</tool_call>'
+    assert hermes_call(then, prefix=PROMPT + "<think>\n") == ToolCall("b", {})
+
+
+def test_malformed_hermes_calls_are_errors_not_exceptions():
+    bad = hermes_call("<tool_call>{not json}</tool_call>", prefix=PROMPT)
+    assert bad.name is None and "not valid JSON" in bad.error and "{not json}" in bad.error
+    nameless = hermes_call('<tool_call>{"arguments": {}}</tool_call>', prefix=PROMPT)
+    assert nameless.name is None and '{"name": str' in nameless.error
+    listed = hermes_call("<tool_call>[1, 2]</tool_call>", prefix=PROMPT)
+    assert listed.name is None and "[1, 2]" in listed.error
+    as_string = '<tool_call>{"name": "lookup", "arguments": "{\\"key\\": 3}"}</tool_call>'
+    assert hermes_call(as_string, prefix=PROMPT) == ToolCall("lookup", {"key": 3})
+    with pytest.raises(TypeError, match="text and prefix must be str, got str and NoneType"):
+        hermes_call("x", prefix=None)
 
 
 @pytest.mark.parametrize("length", [0, 256, 257, 1000, 123_457], ids=lambda n: f"len{n}")
@@ -94,3 +135,11 @@ def test_schema_comes_from_signature_and_docstring():
     assert schema["function"]["name"] == "multiply"
     assert schema["function"]["parameters"]["properties"]["a"] == {"type": "integer", "description": "the first factor"}
     assert schema["function"]["parameters"]["required"] == ["a", "b"]
+
+
+def test_hermes_calls_need_transformers_response_parser(monkeypatch):
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "5.10.4")
+    with pytest.raises(ImportError, match=r"transformers >= 5.15\); transformers 5.10.4 is installed"):
+        hermes_call("<tool_call>{}</tool_call>", prefix="")

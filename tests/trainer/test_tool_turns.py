@@ -9,23 +9,25 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from fastrl.tools import ToolResult
+from fastrl.tools import HERMES_RESPONSE_TEMPLATE, ToolCall, ToolResult
 from fastrl.trainer import scoring
 from fastrl.trainer.config import make_config
 from fastrl.trainer.metrics import read_metrics
 from fastrl.trainer.rollout import HFEngine
 from fastrl.trainer.rollout.interface import Completion, InsertedSpan
-from fastrl.trainer.rollout.tool_turns import ToolCompletion, tool_sums
+from fastrl.trainer.rollout.tool_turns import ToolCompletion, sample_with_tools, tool_sums, tool_turns_of
 from fastrl.trainer.trainer import train
 
 OPEN, CLOSE = "```python\n", "```"
 CODE = {"six": "print(6*7)\n", "zero": "1/0\n", "loop": "while 1: pass\n"}
 HERMES = ("<tool_call>\n", '{"name": "word_count", "arguments": {"text": "a b c"}}', "\n</tool_call>")
 NAP = '{"name": "nap", "arguments": {}}'  # a call of a user tool that outlives its timeout
+CHATML_START = "<|im_start|>assistant\n"
+GENERATION = "{% if add_generation_prompt %}" + CHATML_START + "{% endif %}"
 CHATML = (
     "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
     "</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% endfor %}" + GENERATION
 )
 
 
@@ -268,3 +270,69 @@ def test_the_hermes_prompt_lists_the_tools_schemas():
     prompt = tok.decode(build_prompt(tok, "q", "{prompt}", True, 4096, settings.tools))
     assert '"name": "word_count"' in prompt and '"name": "python"' in prompt and prompt.endswith("assistant\n")
     assert CollectSettings.from_config(make_config(tools="python")).tools == ()
+
+
+def scripted_rounds(tok, texts: list[str], contexts: list):
+    """A `sample_round` whose k-th round gives every request the ids of `texts[k]` (an engine that samples on past
+    a call, as vLLM does); records each round's contexts."""
+
+    def sample_round(requests):
+        contexts.append([list(ctx) for ctx, _, _ in requests])
+        new = tok.encode(texts[len(contexts) - 1], add_special_tokens=False)
+        return [(new, [-0.5] * len(new), None) for _ in requests]
+
+    return sample_round
+
+
+def chat_prompt(tok, question: str) -> list[int]:
+    text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_hermes_calls_are_what_parse_response_reads_after_the_prompt():
+    """A chat template that opens `<think>` in its generation prompt: the call the model only mentions while
+    thinking is not run (parse_response, given the prompt as prefix, reads it as reasoning); the call after
+    `</think>` is, and it is the call parse_response reads on the same text; what was sampled past it is dropped."""
+    tok = markup_tokenizer()
+    tok.chat_template = CHATML.replace(GENERATION, GENERATION.replace(CHATML_START, CHATML_START + "<think>\n"))
+    config = make_config("tiny", tools=f"{__name__}:word_count", tool_format="hermes", chat_template=True)
+    turns = tool_turns_of(config, tok)
+    ran, run = [], turns.run
+    turns.run = lambda call: (ran.append(call), run(call))[1]
+    prompt = chat_prompt(tok, "count")
+    mention = 'I could <tool_call>{"name": "nap", "arguments": {}}</tool_call>, no.</think>\n'
+    call = '<tool_call>\n{"name": "word_count", "arguments": {"text": "a b c"}}\n</tool_call>'
+    contexts, after = [], "3 words.</think>\nThree.<|im_end|></s>"
+    rounds = scripted_rounds(tok, [mention + call + "<|im_end|></s>", after], contexts)
+    (comp,) = sample_with_tools([prompt], 1, turns, 600, 0, {tok.eos_token_id}, rounds)
+    parsed = tok.parse_response(mention + call, HERMES_RESPONSE_TEMPLATE, prefix=tok.decode(prompt), tools=[word_count])
+    assert [c["function"] for c in parsed["tool_calls"]] == [{"name": "word_count", "arguments": {"text": "a b c"}}]
+    assert ran == [ToolCall("word_count", {"text": "a b c"})]
+    sampled = tok.encode(mention + call, add_special_tokens=False)
+    (span,) = comp.inserted
+    assert comp.completion_ids[: span.start] == sampled and span.start == len(sampled)
+    observation = tok.decode(comp.completion_ids[span.start : span.end])
+    assert observation == "<|im_end|>\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n" \
+        "<|im_start|>assistant\n<think>\n"  # fmt: skip
+    assert contexts[1][0] == prompt + comp.completion_ids[: span.end] and comp.tool_calls == 1
+    assert tok.decode(comp.completion_ids[span.end :]) == after
+
+
+def test_a_malformed_hermes_call_is_an_observation():
+    tok = markup_tokenizer()
+    config = make_config("tiny", tools=f"{__name__}:word_count", tool_format="hermes", chat_template=True)
+    turns = tool_turns_of(config, tok)
+    prompt = chat_prompt(tok, "count")
+    rounds = scripted_rounds(tok, ["<tool_call>{name: word_count}</tool_call>", "Sorry.<|im_end|></s>"], [])
+    (comp,) = sample_with_tools([prompt], 1, turns, 600, 0, {tok.eos_token_id}, rounds)
+    (span,) = comp.inserted
+    assert "the tool call is not valid JSON" in tok.decode(comp.completion_ids[span.start : span.end])
+    assert (comp.tool_calls, comp.tool_errors) == (1, 1) and not comp.truncated
+
+
+def test_hermes_needs_chatml_turns():
+    tok = markup_tokenizer()  # a template whose turns are not ChatML: the parser would read the prompt as the reply
+    tok.chat_template = "{% for m in messages %}{{ m.content }}\n{% endfor %}" + GENERATION.replace(CHATML_START, "A: ")
+    config = make_config("tiny", tools=f"{__name__}:word_count", tool_format="hermes", chat_template=True)
+    with pytest.raises(ValueError, match=r"reads ChatML assistant turns .*generation prompt ends '\?\\nA: '"):
+        tool_turns_of(config, tok)

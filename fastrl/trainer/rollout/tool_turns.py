@@ -20,19 +20,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastrl.tools import (
+    HERMES_START,
     LocalSandbox,
     Sandbox,
     ToolCall,
     ToolResult,
     call_tool,
+    hermes_call,
     last_python_block,
     output_block,
-    parse_tool_calls,
     truncate_observation,
 )
 
 from ..batching import KeptSets
-from ..tool_options import resolve_tools
+from ..tool_options import resolve_tools, tool_schemas
 from .interface import Completion, InsertedSpan
 from .thinking import Sampled
 
@@ -58,13 +59,15 @@ class ToolTurns:
     memory_mb: int  # address-space limit of one python call
     tokenizer: object  # decodes sampled ids to find calls; encodes observations alone
     sandbox: Sandbox = field(default_factory=LocalSandbox)
+    schemas: tuple[dict, ...] = ()  # the tools' JSON schemas (hermes): they type a call's arguments
 
-    def find_call(self, text: str) -> ToolCall | None:
-        """The call that `text` (a completion's part since its last observation) closes, or None."""
+    def find_call(self, text: str, prefix: str = "") -> ToolCall | None:
+        """The call that `text` (a completion's part since its last observation) closes, or None. `prefix`: the text
+        before it (the prompt and the completion so far), where the hermes parser finds the assistant turn's start
+        (a `<think>` the template opened makes a call inside it thinking); the code format reads `text` alone."""
         if self.fmt == "code":
             return last_python_block(text)
-        calls = parse_tool_calls(text)
-        return calls[0] if calls else None
+        return hermes_call(text, prefix=prefix, tools=self.schemas)
 
     def run(self, call: ToolCall) -> tuple[ToolResult, float]:
         """The call's result (a malformed or unknown call, an error, a timeout: all observations) and its seconds."""
@@ -126,8 +129,25 @@ def tool_turns_of(config, tokenizer, given: list[Callable] | None = None) -> Too
     tools = resolve_tools(config.tools, given)
     if not tools:
         return None
+    if config.tool_format == "hermes":
+        _check_hermes(tokenizer)
     return ToolTurns(tools, config.tool_format, config.max_tool_calls, config.tool_timeout_s, config.tool_memory_mb,
-                     tokenizer)  # fmt: skip
+                     tokenizer, schemas=tool_schemas(config, given))  # fmt: skip
+
+
+def _check_hermes(tokenizer) -> None:
+    """Transformers' response parser is installed, and the chat template's generation prompt starts a ChatML assistant
+    turn: the parser reads the prefix from its last one on (else the whole prompt, the template's example calls
+    included, would be read as the model's)."""
+    hermes_call("", prefix="")  # ImportError now, naming the version, where transformers has no response parser
+    turn = [{"role": "user", "content": "?"}]
+    try:
+        prompt = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    except ValueError as error:
+        raise ValueError(f"tool_format='hermes' needs the tokenizer's chat template: {error}") from None
+    if HERMES_START not in prompt[len(tokenizer.apply_chat_template(turn, tokenize=False)) :]:
+        raise ValueError(f"tool_format='hermes' reads ChatML assistant turns ({HERMES_START!r}); the chat "
+                         f"template's generation prompt ends {prompt[-40:]!r}")  # fmt: skip
 
 
 @dataclass
@@ -147,10 +167,11 @@ def _close_at(turns: ToolTurns, d: _Draft, start: int) -> tuple[int, ToolCall] |
     """(the length `d.ids` is cut to, the call) when the ids sampled from `start` on close a tool call, else None."""
     since = d.spans[-1].end if d.spans else 0
     decode = turns.tokenizer.decode
-    if turns.find_call(decode(d.ids[since:])) is None:
+    prefix = decode(d.prompt + d.ids[:since]) if turns.fmt == "hermes" else ""
+    if turns.find_call(decode(d.ids[since:]), prefix) is None:
         return None
     for end in range(start + 1, len(d.ids) + 1):  # the first token that closes it
-        call = turns.find_call(decode(d.ids[since:end]))
+        call = turns.find_call(decode(d.ids[since:end]), prefix)
         if call is not None:
             return end, call
     return None
