@@ -10,7 +10,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from fastrl.tools import HERMES_RESPONSE_TEMPLATE, ToolCall, ToolResult
-from fastrl.trainer import scoring
+from fastrl.trainer import scoring, sources
 from fastrl.trainer.config import make_config
 from fastrl.trainer.metrics import read_metrics
 from fastrl.trainer.rollout import HFEngine
@@ -61,8 +61,9 @@ def markup_tokenizer():
     return tok
 
 
-def bigram_model(tok, successor: dict[str, str]):
-    """A Qwen2 whose next token depends on the current one only: `successor[token]`, else the end token."""
+def bigram_model(tok, successor: dict[str, str | tuple[str, ...]]):
+    """A Qwen2 whose next token depends on the current one only: `successor[token]` (a tuple: one of them, equally
+    likely), else the end token."""
     vocab = len(tok)
     assert vocab <= 128, vocab  # one-hot embeddings: the width holds the vocabulary
     cfg = Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=8, num_hidden_layers=1,
@@ -78,7 +79,9 @@ def bigram_model(tok, successor: dict[str, str]):
                 p.fill_(1.0)
         model.model.embed_tokens.weight[:, :vocab] = torch.eye(vocab)
         for token, i in ids.items():  # a token with no successor is followed by the end token
-            model.lm_head.weight[ids.get(successor.get(token), tok.eos_token_id), i] = 1.6  # p ~ 1 - 5e-6
+            after = successor.get(token)
+            for nxt in after if isinstance(after, tuple) else (after,):
+                model.lm_head.weight[ids.get(nxt, tok.eos_token_id), i] = 1.6  # p ~ 1 - 5e-6
     return model
 
 
@@ -336,3 +339,63 @@ def test_hermes_needs_chatml_turns():
     config = make_config("tiny", tools=f"{__name__}:word_count", tool_format="hermes", chat_template=True)
     with pytest.raises(ValueError, match=r"reads ChatML assistant turns .*generation prompt ends '\?\\nA: '"):
         tool_turns_of(config, tok)
+
+
+def said_42(completion: str, gold: str) -> float:
+    """1 when the model wrote 42 itself (the reward text holds no tool output)."""
+    return float("42" in completion)
+
+
+# the reference run's old and reference log-probs of every tool token move up by POISON, rollout's down: a tool
+# token's IS log ratio (the model's log-prob against the sampler's placeholder 0.0, mostly near -18) moves by +40
+POISON = 20.0
+COMPARED = ("loss", "kl_mean", "ratio_mean", "clip_frac_low", "clip_frac_high", "entropy_mean", "grad_norm",
+            "train_tokens", "reward_mean", "response_length_mean", "inserted_tokens")  # fmt: skip
+
+
+def poison_tool_logprobs(samples) -> None:
+    """Move the old, reference and rollout log-probs at the samples' tool tokens (token mask 0) by POISON."""
+    for s in samples:
+        tool = [m == 0 for m in s.token_mask]
+        for field, by in (("old_logprobs", POISON), ("ref_logprobs", POISON), ("rollout_logprobs", -POISON)):
+            setattr(s, field, [x + by * t for x, t in zip(getattr(s, field), tool)])
+
+
+@pytest.mark.slow
+def test_tools_with_steps_checkpointing_packing_beta_and_is_cap(tmp_path, monkeypatch):
+    """One tools run (the sandboxed python, a fixed seed) with two optimizer steps per rollout batch, gradient
+    checkpointing, packing, beta > 0 and a sequence-level is_cap, against a reference on the same completions:
+    neither checkpointing nor packing, and the old, reference and rollout log-probs of every tool token poisoned.
+    Every step's loss, KL, ratio, clip fractions, entropy, gradient norm and token counts are equal: checkpointing
+    and packing are exact, and no term of several optimizer steps sees a tool token (sequence IS sums included)."""
+    tok = markup_tokenizer()
+    # after its call's observation the model answers 42 or ends, one or the other: the group's rewards differ
+    successor = {**chain(CODE["six"]), CLOSE + "\n": ("4", "</s>"), "4": "2", "2": "</s>"}
+    bigram_model(tok, successor).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "?", "answer": "42"}\n' * 8)
+
+    def run(name: str, **options) -> list[dict]:
+        config = make_config(model=str(tmp_path / "model"), dataset=str(data), tools="python", seed=3,
+                             output_dir=str(tmp_path / name), max_steps=4, prompts_per_step=2, group_size=4,
+                             minibatches=2, beta=0.05, is_cap=2.0, is_level="sequence", max_completion_length=24,
+                             max_prompt_length=8, progress=False, device="cpu", lr=1e-3, **options)  # fmt: skip
+        train(config, rewards=[(said_42, 1.0)])
+        return read_metrics(str(tmp_path / name))
+
+    rows = run("all", gradient_checkpointing=True, packing="on")
+    attach = sources.attach_logprobs
+
+    def poisoned(run_, samples, old):  # the reference's log-probs, poisoned at tool tokens once attached
+        attach(run_, samples, old)
+        poison_tool_logprobs(samples)
+
+    monkeypatch.setattr(sources, "attach_logprobs", poisoned)
+    reference = run("reference", gradient_checkpointing=False, packing="off")
+    assert len(rows) == len(reference) == 4 and all(r["tool_calls_mean"] == 1.0 for r in rows)
+    assert all(0.0 < r["reward_mean"] < 1.0 and r["update_skipped"] == 0.0 for r in rows), rows
+    assert rows[-1]["kl_mean"] > 1e-6, rows[-1]
+    for step, (got, want) in enumerate(zip(rows, reference)):
+        for key in COMPARED:
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (key, step)
