@@ -295,7 +295,8 @@ def chat_prompt(tok, question: str) -> list[int]:
 def test_hermes_calls_are_what_parse_response_reads_after_the_prompt():
     """A chat template that opens `<think>` in its generation prompt: the call the model only mentions while
     thinking is not run (parse_response, given the prompt as prefix, reads it as reasoning); the call after
-    `</think>` is, and it is the call parse_response reads on the same text; what was sampled past it is dropped."""
+    `</think>` is, and it is the call parse_response reads on the same text; what was sampled past it (another
+    call, the end) is dropped."""
     tok = markup_tokenizer()
     tok.chat_template = CHATML.replace(GENERATION, GENERATION.replace(CHATML_START, CHATML_START + "<think>\n"))
     config = make_config("tiny", tools=f"{__name__}:word_count", tool_format="hermes", chat_template=True)
@@ -305,8 +306,9 @@ def test_hermes_calls_are_what_parse_response_reads_after_the_prompt():
     prompt = chat_prompt(tok, "count")
     mention = 'I could <tool_call>{"name": "nap", "arguments": {}}</tool_call>, no.</think>\n'
     call = '<tool_call>\n{"name": "word_count", "arguments": {"text": "a b c"}}\n</tool_call>'
-    contexts, after = [], "3 words.</think>\nThree.<|im_end|></s>"
-    rounds = scripted_rounds(tok, [mention + call + "<|im_end|></s>", after], contexts)
+    past, after = "\n<tool_call>" + NAP + "</tool_call><|im_end|></s>", "3 words.</think>\nThree.<|im_end|></s>"
+    contexts = []
+    rounds = scripted_rounds(tok, [mention + call + past, after], contexts)
     (comp,) = sample_with_tools([prompt], 1, turns, 600, 0, {tok.eos_token_id}, rounds)
     parsed = tok.parse_response(mention + call, HERMES_RESPONSE_TEMPLATE, prefix=tok.decode(prompt), tools=[word_count])
     assert [c["function"] for c in parsed["tool_calls"]] == [{"name": "word_count", "arguments": {"text": "a b c"}}]

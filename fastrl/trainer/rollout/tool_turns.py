@@ -168,8 +168,17 @@ def _close_at(turns: ToolTurns, d: _Draft, start: int) -> tuple[int, ToolCall] |
     since = d.spans[-1].end if d.spans else 0
     decode = turns.tokenizer.decode
     prefix = decode(d.prompt + d.ids[:since]) if turns.fmt == "hermes" else ""
-    if turns.find_call(decode(d.ids[since:]), prefix) is None:
+    call = turns.find_call(decode(d.ids[since:]), prefix)
+    if call is None:
         return None
+    if turns.fmt == "hermes":  # a closed <tool_call> stays the first closed one as text grows: bisect for its token
+        lo, hi = start + 1, len(d.ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            found = turns.find_call(decode(d.ids[since:mid]), prefix)
+            lo, hi, call = (mid + 1, hi, call) if found is None else (lo, mid, found)
+        return hi, call
+    # a code block found at one length may not be at a longer one (the model can write an ```output block itself)
     for end in range(start + 1, len(d.ids) + 1):  # the first token that closes it
         call = turns.find_call(decode(d.ids[since:end]), prefix)
         if call is not None:
