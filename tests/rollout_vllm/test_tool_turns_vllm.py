@@ -14,17 +14,8 @@ from fastrl.trainer.rollout import make_engine
 from fastrl.trainer.rollout.interface import InsertedSpan
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "trainer"))
-from test_tool_turns import (  # noqa: E402
-    CLOSE,
-    CODE,
-    OPEN,
-    TableSandbox,
-    bigram_model,
-    chain,
-    markup_tokenizer,
-    test_a_malformed_hermes_call_is_an_observation,
-    test_hermes_calls_are_what_parse_response_reads_after_the_prompt,
-)
+import test_tool_turns  # noqa: E402
+from test_tool_turns import CLOSE, CODE, OPEN, TableSandbox, bigram_model, chain, markup_tokenizer  # noqa: E402
 
 
 def test_vllm_tool_turns_append_observation_ids_and_keep_the_sampled_logprobs(tmp_path, monkeypatch):
@@ -66,5 +57,5 @@ def test_hermes_calls_read_alike_beside_vllm():
     """The vLLM engine runs the same tool loop in the trainer's process, where vLLM's venv has a transformers of its
     own: there too the hermes calls are what its parse_response reads, and a malformed one is an observation (the
     tool loop on scripted rounds, no engine start)."""
-    test_hermes_calls_are_what_parse_response_reads_after_the_prompt()
-    test_a_malformed_hermes_call_is_an_observation()
+    test_tool_turns.test_hermes_calls_are_what_parse_response_reads_after_the_prompt()
+    test_tool_turns.test_a_malformed_hermes_call_is_an_observation()
