@@ -97,7 +97,10 @@ class _CallClosed(StoppingCriteria):
         decode = self.turns.tokenizer.decode
         for row, ids in enumerate(input_ids[:, self.width :].tolist()):
             if self.closed_at[row] is None and decode(ids[-1:]).endswith(self.tail):
-                if self.turns.find_call(decode(ids)) is not None:
+                # the prompt (its left padding is passed over by the parser's anchor) tells the hermes parser where
+                # the turn starts: a call the model only mentions inside a template-opened <think> is no call
+                prefix = decode(input_ids[row, : self.width].tolist()) if self.turns.fmt == "hermes" else ""
+                if self.turns.find_call(decode(ids), prefix) is not None:
                     self.closed_at[row] = len(ids)
         return torch.tensor([at is not None for at in self.closed_at], device=input_ids.device)
 
