@@ -1,9 +1,10 @@
-"""One rank of the asynchronous launch of `test_async_options_together.py`, run by torchrun:
-`async_launch.py OUT_DIR`.
+"""One rank of an asynchronous launch, run by torchrun: `async_launch.py OUT_DIR [train FLAGS...]`.
 
-Every rank runs `trainer.train` with the options on (`OPTIONS`, `LAUNCH`); rank 0 records every group it takes from
-the rollout process, in order, to `OUT_DIR/groups.pt`. With `FASTRL_PLANT=<name>` the bug `PLANTS[name]` is
-monkeypatched into every rank (and, for `chunks`, into the rollout process, through its entry function).
+Every rank runs `trainer.train`: with the options of `test_async_options_together.py` on (`OPTIONS`, `LAUNCH`),
+or given `train FLAGS...`, the run `fastrl train FLAGS...` would be. Rank 0 records every group it takes from the
+rollout process, in order, to `OUT_DIR/groups.pt` (`async_replay.py` trains a reference on them). With
+`FASTRL_PLANT=<name>` the bug `PLANTS[name]` is monkeypatched into every rank (and, for `chunks`, into the rollout
+process, through its entry function).
 """
 
 import os
@@ -18,6 +19,7 @@ import test_options_together as together  # noqa: E402  (the synchronous launch'
 from vllm_reference import ENGINE  # noqa: E402
 
 from fastrl.trainer import async_source, trainer  # noqa: E402
+from fastrl.trainer.cli import parse_config  # noqa: E402
 from fastrl.trainer.config import make_config  # noqa: E402
 from fastrl.trainer.rollout import async_client, async_worker  # noqa: E402
 
@@ -39,6 +41,10 @@ def config(out, **more):
 def _behaviour(mp):  # the ratio taken against the policy at the batch's first step, not the behaviour policy
     real = async_source.attach_logprobs
     mp.setattr(async_source, "attach_logprobs", lambda run, samples, old: real(run, samples, True))
+
+
+def _steps(mp):  # each step of a batch trains on its first minibatch
+    mp.setattr(trainer, "minibatches", lambda n, epochs, per: [list(range(0, n, per))] * (epochs * per))
 
 
 def _chunks(mp):  # the rollout process joins a completion's pieces' log-probs last piece first
@@ -67,12 +73,13 @@ PLANTS = {
     "checkpointing": together.PLANTS["checkpointing"],
     "beta": together.PLANTS["beta"],
     "is_cap": together.PLANTS["is_cap"],
-    "steps": _behaviour,
+    "steps": _steps,
+    "async K>=1": _behaviour,
     "chunks": _chunks,
 }
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, argv: list[str]) -> None:
     rank, taken = int(os.environ["RANK"]), []
     plant = os.environ.get("FASTRL_PLANT")
     with pytest.MonkeyPatch.context() as mp:
@@ -87,10 +94,11 @@ def main(out_dir: str) -> None:
                 return group
 
             mp.setattr(async_client.AsyncRollout, "next_group", recorded)
-        trainer.train(config(os.path.join(out_dir, "launch"), **LAUNCH))
+        trainer.train(parse_config(argv)[0] if argv else config(os.path.join(out_dir, "launch"), **LAUNCH))
     if rank == 0:
+        os.makedirs(out_dir, exist_ok=True)
         torch.save(taken, os.path.join(out_dir, "groups.pt"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
