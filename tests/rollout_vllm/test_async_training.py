@@ -12,7 +12,8 @@ import time
 
 import pytest
 import torch
-from vllm_reference import ENGINE, alive
+from async_replay import behaviour_gap, replay_reference
+from vllm_reference import ENGINE, TOL, alive
 
 from fastrl.trainer import scoring
 from fastrl.trainer import trainer as loop
@@ -21,6 +22,7 @@ from fastrl.trainer.metrics import read_metrics
 from fastrl.trainer.tiny.model import CharTokenizer
 
 pytestmark = pytest.mark.slow
+CHUNK = 3  # the sequence-parallel run's partial rollouts: tokens a piece
 TIMING = {"rollout_s", "step_s", "tokens_per_s", "elapsed_s", "total_wall_s", "eval_time_s"}
 
 
@@ -33,7 +35,10 @@ def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path, mo
     """K = 0 in one process and on 2 gloo ranks (rank 0 owns the rollout process and deals the groups) against
     the synchronous one-process run: the same samples, metrics and prompts, with two optimizer steps per batch
     (each a version pushed to the rollout process; the second step's ratio against the batch's frozen log-probs).
-    The 2 ranks as one sequence-parallel group with FSDP log the same steps.
+    The 2 ranks as one sequence-parallel group with FSDP, with partial rollouts (3-token pieces, each a request with a
+    seed of its own, so the synchronous run's one request a completion is no reference for their tokens) and a KL term
+    against the frozen reference (beta > 0), take the steps of one process on the same groups (rank 0 records them,
+    `async_replay.py`), every token's behaviour log-prob the batch version's.
 
     Every run has a thinking budget of 2 tokens (the warmed-up tiny model opens the span itself and thinks for 3 or
     more), applied by the rollout process as by the synchronous engine: the same completions, inserted spans (masked
@@ -77,7 +82,9 @@ def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path, mo
         assert two_ranks.returncode == 0, log[-3000:]
         # the two ranks as one sequence-parallel group (both train the whole batch, each its block of the tokens),
         # the weights sharded over them: every rank takes part in each push, rank 0 sends
-        sp_ranks = _start_two_ranks(tmp_path / "async-sp", *flags, "--sequence-parallel", "2", "--fsdp")
+        sp_ranks = _start_two_ranks(tmp_path / "async-sp", *flags, "--sequence-parallel", "2", "--fsdp",
+                                    "--rollout-chunk-tokens", str(CHUNK), "--beta", "0.05",
+                                    record=tmp_path / "sp")  # fmt: skip
         log = sp_ranks.communicate(timeout=900)[0]
         assert sp_ranks.returncode == 0, log[-3000:]
     finally:
@@ -106,19 +113,37 @@ def test_staleness_zero_samples_and_logs_as_the_synchronous_trainer(tmp_path, mo
         "clip_frac_high",
         "kl_mean",
     )
-    sp = rows_of(tmp_path / "async-sp")
-    torch.testing.assert_close([[r[k] for k in keys] for r in sp], [[r[k] for k in keys] for r in sync], rtol=1e-5,
+    sp, taken = rows_of(tmp_path / "async-sp"), torch.load(tmp_path / "sp" / "groups.pt", weights_only=False)
+    one = make_config("tiny", output_dir=str(tmp_path / "sp-reference"), async_staleness=0, rollout_chunk_tokens=CHUNK,
+                      beta=0.05, **common)  # fmt: skip
+    t = time.monotonic()
+    seen.append([])
+    ref, weights = replay_reference(one, taken)
+    torch.testing.assert_close([[r[k] for k in keys] for r in sp], [[r[k] for k in keys] for r in ref], rtol=1e-5,
                                atol=1e-6)  # fmt: skip
+    gap, checked, _ = behaviour_gap(taken, weights, one, CHUNK)
+    pieces = [n for g in taken for n in g.meta["pieces"]]
+    print(f"K = 0, {CHUNK}-token pieces: {max(pieces)} pieces at most; behaviour log-probs of {checked} tokens "
+          f"within {gap:.2e} of the batch version's; reference and check {time.monotonic() - t:.1f} s")  # fmt: skip
+    assert gap <= TOL and checked > 0.5 * sum(len(ids) for g in taken for ids in g.completion_ids)
+    assert all(r["staleness_max"] == 0 for r in sp) and all(r["kl_mean"] > 0 for r in ref[1:])  # beta's term is on
+    # a piece samples at most CHUNK tokens (the inserted ones are not sampled): the completions were cut into pieces
+    sampled = [(len(ids) - sum(s.end - s.start for s in spans), n)
+               for g in taken for ids, spans, n in zip(g.completion_ids, g.inserted, g.meta["pieces"])]  # fmt: skip
+    assert all(n >= -(-k // CHUNK) for k, n in sampled) and max(k for k, _ in sampled) > CHUNK, sampled
     steps = [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]  # each batch's prompts on both its steps
     assert [r["trained_prompt_ids"] for r in asyn] == [r["trained_prompt_ids"] for r in asyn2] == steps
     # each rank trained on its own contiguous half of the step's prompts, none on another's
     assert [r["rank_prompt_ids"] for r in asyn2] == [[s[:2], s[2:]] for s in steps]
 
 
-def _start_two_ranks(out, *flags):
-    """`fastrl train` on 2 gloo ranks under torchrun, the tiny preset on the vLLM engine."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
-           "fastrl.trainer", "train", "--preset", "tiny", "--engine", "vllm", "--vllm-enforce-eager",
+def _start_two_ranks(out, *flags, record=None):
+    """`fastrl train` on 2 gloo ranks under torchrun, the tiny preset on the vLLM engine; with `record`, rank 0's
+    groups saved in that folder (`async_launch.py`)."""
+    run = ["-m", "fastrl.trainer"] if record is None else [os.path.join(os.path.dirname(__file__), "async_launch.py"),
+                                                           str(record)]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", *run, "train",
+           "--preset", "tiny", "--engine", "vllm", "--vllm-enforce-eager",
            "--vllm-kv-cache-gib", "0.25", "--output-dir", str(out), "--prompts-per-step", "4", "--group-size", "4",
            "--warmup-sft-steps", "60", "--save-steps", "0", "--no-progress", *flags]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")

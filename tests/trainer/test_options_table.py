@@ -1,6 +1,7 @@
 """docs/trainer.md's table of option pairs against the validator: a refused pair is refused with an error naming
-both options, a pair that works or is untested is accepted, and a working pair's test exists; a pair credited to the
-launch of every option at once is on in that launch, which plants a bug for each of its options."""
+both options, a pair that works or is untested is accepted, and a working pair's test exists; a pair credited to a
+launch of many options at once (the synchronous one, the asynchronous one) is on in that launch, which plants a bug
+for each of its options."""
 
 import importlib
 import itertools
@@ -38,9 +39,21 @@ OPTIONS = {
     "tools": (dict(tools="python"), ("tools",)),
 }
 VALUES_OF_ONE = {frozenset(("async K=0", "async K>=1"))}
-LAUNCH = "tests/distributed/test_options_together.py::test_every_option_at_once_takes_the_one_process_steps"
+# each launch that runs many options at once: its folder under tests/ and the module with its config, world and plants
+LAUNCHES = {
+    "tests/distributed/test_options_together.py::test_every_option_at_once_takes_the_one_process_steps": (
+        "distributed",
+        "test_options_together",
+    ),
+    "tests/rollout_vllm/test_async_options_together.py::test_async_every_option_takes_the_one_process_steps": (
+        "rollout_vllm",
+        "async_launch",
+    ),
+}
 # whether an option is on in a launch: its config and its world size
 ON = {
+    "async K>=1": lambda c, world: c.async_staleness >= 1,
+    "chunks": lambda c, world: c.async_staleness >= 0 and c.rollout_chunk_tokens > 0,
     "replay": lambda c, world: c.sampler_replay == "on" and (c.top_p < 1 or c.top_k > 0),
     "sequence parallel": lambda c, world: c.sequence_parallel > 1,
     "fsdp": lambda c, world: c.fsdp,
@@ -97,14 +110,16 @@ def test_the_table_and_the_validator_agree(row):
             assert re.search(rf"^def {re.escape(name)}\(", f.read(), re.M), where
 
 
-def test_the_launch_turns_on_and_plants_each_option_it_is_credited_with():
-    sys.path.insert(0, os.path.join(ROOT, "tests", "distributed"))
+@pytest.mark.parametrize("node", LAUNCHES, ids=lambda node: node.split("::")[0].rsplit("/", 1)[-1])
+def test_the_launch_turns_on_and_plants_each_option_it_is_credited_with(node):
+    folder, module = LAUNCHES[node]
+    sys.path.insert(0, os.path.join(ROOT, "tests", folder))
     try:
-        launch = importlib.import_module("test_options_together")
+        launch = importlib.import_module(module)
     finally:
         sys.path.pop(0)
     config = launch.config("unused", **launch.LAUNCH)
-    credited = {option for row in table_rows() if row[3] == LAUNCH for option in row[:2]}
+    credited = {option for row in table_rows() if row[3] == node for option in row[:2]}
     assert credited, "no pair names the launch"
     for option in sorted(credited):
         assert option in ON and ON[option](config, launch.WORLD), f"the table credits the launch with {option}"
