@@ -27,6 +27,7 @@ setup(
             "pytest>=8",
             "pytest-benchmark>=4",
             "pytest-timeout",
+            "pytest-xdist>=3.5",  # the test command runs the suite on two workers (-n 2), a test file each
             "ruff",
             "matplotlib",
             "trl>=1.16,<1.17",

@@ -22,6 +22,10 @@ accelerate==1.15.0"
 HASH=$(printf '%s' "$REQS" | sha256sum | cut -c1-12)
 VENV="${FASTRL_CACHE:-$HOME/.cache/fastrl}/venv-verl-$HASH"
 PY="$VENV/bin/python"
+# one build at a time: two test workers (pytest -n 2) may ask at once; the second waits, then reuses it
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"
+flock -w 3600 9 || { echo "verl.sh: $VENV.lock still held after an hour" >&2; exit 1; }
 CHECK="import verl.trainer.ppo.core_algos, verl.trainer.ppo.rollout_corr_helper, verl.workers.utils.losses, verl.models.transformers.monkey_patch, verl.workers.engine.fsdp"
 if ! "$PY" -c "$CHECK" >/dev/null 2>&1; then
   rm -rf "$VENV"
