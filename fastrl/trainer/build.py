@@ -22,7 +22,7 @@ from .rollout.devices import RankPlacement, check_rank_uuids, place_rank, visibl
 from .sequence_parallel import SequenceParallel, init_sequence_parallel
 from .sharded_checkpoint import is_sharded_checkpoint, load_sharded
 from .tasks import PromptStream, load_problems
-from .tiny import CharTokenizer, built_in, tiny_model
+from .tiny import built_in, tiny_model, tiny_tokenizer
 from .ulysses import check_heads
 from .update import StepSettings, supports_packing
 from .validate import ConfigError
@@ -92,7 +92,7 @@ def check_rank_gpus(placement: RankPlacement) -> None:
 def build_model(config: TrainConfig, device: torch.device):
     """(model, tokenizer): the built-in tiny pair, or a Hugging Face causal LM and its tokenizer."""
     if built_in(config.model):
-        tokenizer = CharTokenizer()
+        tokenizer = tiny_tokenizer(config)
         max_len = config.max_prompt_length + config.max_completion_length
         model = tiny_model(
             len(tokenizer), config.tiny_hidden_size, config.tiny_layers, max_len=max_len, seed=config.seed

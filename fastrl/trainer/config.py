@@ -22,6 +22,7 @@ from fastrl.losses import LossConfig, SamplerSettings
 from .eval_options import check_eval_options
 from .presets import PRESETS, read_config_file
 from .sequence_parallel import check_token_local
+from .tasks import demonstrated
 from .tool_options import check_tool_options, check_tool_world
 from .trackers import parse_report_to
 from .validate import ConfigError, check_fields, check_value, coerce
@@ -49,6 +50,7 @@ class TrainConfig:
     model: str = "tiny"  # "tiny" (built in, random init) or a Hugging Face model id / local path
     tiny_hidden_size: int = 128  # width of the built-in tiny model
     tiny_layers: int = 2  # depth of the built-in tiny model
+    tiny_tokens: tuple = ()  # tokens of their own the built-in tiny tokenizer adds after its vocabulary (markup)
     dataset: str = "arithmetic:9"  # "arithmetic:<max operand>", a .jsonl file, or a HF dataset name
     dataset_split: str = "train"  # split of a HF dataset
     prompt_key: str = "prompt"  # JSONL / HF column holding the question
@@ -155,10 +157,10 @@ class TrainConfig:
             raise ConfigError(
                 "group_size", self.group_size, "group-normalized advantages need at least 2 (or advantage_scale=none)"
             )
-        if self.warmup_sft_steps and not self.dataset.startswith("arithmetic"):
+        if self.warmup_sft_steps and not demonstrated(self.dataset):
             raise ConfigError(
-                "dataset", self.dataset, f"the supervised warm-up (warmup_sft_steps={self.warmup_sft_steps}) needs an "
-                "arithmetic dataset: set --warmup-sft-steps 0",
+                "dataset", self.dataset, f"the supervised warm-up (warmup_sft_steps={self.warmup_sft_steps}) needs a "
+                "built-in task (arithmetic:<N>, products:<digits>): set --warmup-sft-steps 0",
             )  # fmt: skip
         _check_thinking(self)
         if self.sequence_parallel > 1:

@@ -19,6 +19,15 @@ PRESETS = {
         num_threads=1, device="cpu", output_dir="runs/tiny", plot=True,
         vllm_kv_cache_gib=0.25,  # with --engine vllm: its CPU KV cache (the default share would be of host RAM)
     ),
+    # CPU, the tiny model with the python tool: products of two 3-digit numbers, which it cannot compute but can
+    # have the tool compute; the warm-up calls the tool in a quarter of its demonstrations (docs/trainer.md, "Tools").
+    "tiny-tools": dict(
+        model="tiny", dataset="products:3", tools="python", tiny_tokens=("```python\n", "```output\n", "```"),
+        warmup_sft_steps=300, warmup_sft_noise=0.75,
+        prompts_per_step=8, group_size=8, max_completion_length=48, rewards=("accuracy:1.0",),
+        lr=2e-4, max_steps=100, save_steps=0, max_tokens_per_microbatch=4096,
+        num_threads=1, device="cpu", output_dir="runs/tiny-tools", plot=True,
+    ),
     # GPU: a reasoning model on competition math with 32k-token completions and vLLM rollouts
     # (DeepScaleR's setup). The R1-distilled chat template opens the <think> block in the prompt, so the
     # completions never contain "<think>" and the format reward would be a constant: accuracy only.

@@ -1,9 +1,13 @@
-"""Prompt sources: the synthetic arithmetic task of the tiny preset, and JSONL / Hugging Face datasets.
+"""Prompt sources: the synthetic arithmetic tasks of the tiny presets, and JSONL / Hugging Face datasets.
 
 Every source yields `Problem(prompt, answer)`: `prompt` is the raw question text, `answer` the gold answer
 the accuracy reward compares against. `PromptStream` turns a list of problems into an endless, seeded,
-resumable sequence of batches (its `position` is saved in checkpoints). The tiny task's warm-up
+resumable sequence of batches (its `position` is saved in checkpoints). The tiny tasks' warm-up
 demonstrations live in `tiny/warmup.py`.
+
+The built-in tasks: `arithmetic:<max operand>`, sums "a+b=" (the tiny preset), and `products:<digits>`, products
+"a*b=" of two numbers of that many digits (the tiny-tools preset: beyond the tiny model alone, within its reach
+with the python tool).
 """
 
 import json
@@ -26,6 +30,27 @@ def arithmetic_problems(n: int, max_operand: int, seed: int) -> list[Problem]:
     for _ in range(n):
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
         out.append(Problem(f"{a}+{b}=", str(a + b)))
+    return out
+
+
+PRODUCTS = "products:"  # the products task's dataset name, before <digits>
+
+
+def demonstrated(dataset: str) -> bool:
+    """Whether the supervised warm-up has demonstrations of `dataset`'s task (the built-in tasks)."""
+    return dataset.startswith(("arithmetic", PRODUCTS))
+
+
+def product_problems(n: int, digits: int, seed: int) -> list[Problem]:
+    """`n` multiplication problems "a*b=" with a and b of exactly `digits` digits, drawn with a fixed seed."""
+    if n <= 0 or not 1 <= digits <= 9:
+        raise ValueError(f"n must be positive and digits in [1, 9], got n={n}, digits={digits}")
+    low, high = 10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        out.append(Problem(f"{a}*{b}=", str(a * b)))
     return out
 
 
@@ -60,7 +85,12 @@ def load_hf_dataset(name: str, split: str = "train", prompt_key: str = "problem"
 
 
 def load_problems(source: str, seed: int, **kw) -> list[Problem]:
-    """`arithmetic:<max_operand>`, a path ending in .jsonl, or a Hugging Face dataset name."""
+    """`arithmetic:<max_operand>`, `products:<digits>`, a path ending in .jsonl, or a Hugging Face dataset name."""
+    if source.startswith(PRODUCTS):
+        digits = source[len(PRODUCTS) :]
+        if not digits.isdigit():
+            raise ValueError(f"{source!r}: the products task is {PRODUCTS}<digits>, e.g. {PRODUCTS}3")
+        return product_problems(kw.get("n", 4096), int(digits), seed)
     if source.startswith("arithmetic"):
         max_operand = int(source.partition(":")[2] or 99)
         return arithmetic_problems(kw.get("n", 4096), max_operand, seed)

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from fastrl.trainer import trainer as loop
 from fastrl.trainer.config import make_config
 from fastrl.trainer.rollout import check_engine_available
-from fastrl.trainer.tiny import CharTokenizer, fast_tokenizer, save_tiny, tiny_model
+from fastrl.trainer.tiny import CharTokenizer, fast_tokenizer, save_tiny, tiny_model, tiny_tokenizer
 from fastrl.trainer.tiny.model import CHARS, MARKUP
 
 TEXTS = [
@@ -34,6 +34,17 @@ def test_fast_tokenizer_encodes_and_decodes_like_the_char_tokenizer():
         for skip in (False, True):
             assert fast.decode(ids, skip_special_tokens=skip) == chars.decode(ids, skip_special_tokens=skip)
     assert (fast.pad_token_id, fast.bos_token_id, fast.eos_token_id) == (0, 1, 2)
+
+
+def test_fast_tokenizer_of_the_tiny_tools_tokenizer_keeps_its_markup_and_unknown_token():
+    chars = tiny_tokenizer(make_config("tiny-tools"))
+    fast = fast_tokenizer(chars)
+    assert len(fast) == len(chars) and fast.unk_token_id == chars.unk_token_id
+    for text in [*TEXTS, "```python\nprint(12*34)\n```\n```output\n408\n\n```\n\\boxed{408}", "``` `` \t€"]:
+        ids = chars.encode(text, add_special_tokens=True) + [chars.eos_token_id]
+        assert fast.encode(text, add_special_tokens=True) == ids[:-1], text
+        for skip in (False, True):
+            assert fast.decode(ids, skip_special_tokens=skip) == chars.decode(ids, skip_special_tokens=skip)
 
 
 def test_saved_directory_loads_back_with_auto_classes(tmp_path):

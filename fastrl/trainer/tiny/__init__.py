@@ -3,7 +3,7 @@ the noisy demonstrations of the addition task the supervised warm-up trains on (
 export of the pair to a Hugging Face model directory (for vLLM)."""
 
 from .export import fast_tokenizer, model_dir, save_tiny
-from .model import CharTokenizer, built_in, tiny_model
+from .model import CharTokenizer, built_in, tiny_model, tiny_tokenizer
 from .warmup import arithmetic_completion, noisy_demonstration
 
 __all__ = [
@@ -15,4 +15,5 @@ __all__ = [
     "noisy_demonstration",
     "save_tiny",
     "tiny_model",
+    "tiny_tokenizer",
 ]

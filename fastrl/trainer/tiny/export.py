@@ -1,8 +1,9 @@
 """The tiny pair as a Hugging Face model directory, for engines that load a model from disk (vLLM).
 
 `fast_tokenizer` builds, offline, a `PreTrainedTokenizerFast` with the character tokenizer's ids: every
-markup token whole, then one token per character, `<bos>` first when special tokens are added, and a
-decoder that joins tokens without spaces.
+markup token whole (a preset's own included), then one token per character (`<unk>` for one outside the
+vocabulary, where the tokenizer has it), `<bos>` first when special tokens are added, and a decoder that joins
+tokens without spaces.
 """
 
 import re
@@ -16,8 +17,10 @@ def fast_tokenizer(tokenizer: CharTokenizer):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    backend = Tokenizer(models.WordLevel(vocab=dict(tokenizer.token_to_id), unk_token=None))
-    markup = "|".join(re.escape(m) for m in sorted(MARKUP, key=len, reverse=True))
+    unk = None if tokenizer.unk_token_id is None else tokenizer.vocab[tokenizer.unk_token_id]
+    backend = Tokenizer(models.WordLevel(vocab=dict(tokenizer.token_to_id), unk_token=unk))
+    whole = [m for m in (*MARKUP, *tokenizer.markup) if len(m) > 1]
+    markup = "|".join(re.escape(m) for m in sorted(whole, key=len, reverse=True))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(f"{markup}|[\\s\\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
     bos = tokenizer.vocab[tokenizer.bos_token_id]
@@ -25,7 +28,8 @@ def fast_tokenizer(tokenizer: CharTokenizer):
         single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.bos_token_id)]
     )
     pad, eos = tokenizer.vocab[tokenizer.pad_token_id], tokenizer.vocab[tokenizer.eos_token_id]
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=pad, bos_token=bos, eos_token=eos)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=pad, bos_token=bos, eos_token=eos,
+                                   unk_token=unk)  # fmt: skip
 
 
 def save_tiny(model, tokenizer: CharTokenizer, path: str) -> str:
