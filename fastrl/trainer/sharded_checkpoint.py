@@ -96,13 +96,13 @@ def export_hf(path: str, out_dir: str) -> str:
         raise ValueError(f"{path} is not a sharded checkpoint (no {METADATA})")
     state = torch.load(os.path.join(path, "state.pt"), map_location="cpu", weights_only=False)
     config = make_config(**state["config"])
-    from .tiny import CharTokenizer, built_in, tiny_model
+    from .tiny import built_in, tiny_model, tiny_tokenizer
 
     if built_in(config.model):
         tokenizer = None
         max_len = config.max_prompt_length + config.max_completion_length
         model = tiny_model(
-            len(CharTokenizer()), config.tiny_hidden_size, config.tiny_layers, max_len=min(max_len, 4096)
+            len(tiny_tokenizer(config)), config.tiny_hidden_size, config.tiny_layers, max_len=min(max_len, 4096)
         )
     else:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

@@ -114,9 +114,11 @@ def _device(value: str) -> bool:
 
 
 def _dataset(value: str) -> bool:
+    head, _, top = value.partition(":")
     if value.startswith("arithmetic"):
-        head, _, top = value.partition(":")
         return head == "arithmetic" and (top == "" or top.isdigit() and int(top) >= 1)
+    if value.startswith("products"):
+        return head == "products" and top.isdigit() and int(top) >= 1
     return bool(value.strip())
 
 
@@ -169,7 +171,11 @@ def _rewards(specs) -> bool:
 RULES = {
     "tiny_hidden_size": _at_least(1),
     "tiny_layers": _at_least(1),
-    "dataset": (_dataset, "must be 'arithmetic:<max operand >= 1>', a .jsonl file or a Hugging Face dataset name"),
+    "dataset": (
+        _dataset,
+        "must be 'arithmetic:<max operand >= 1>', 'products:<digits >= 1>', a .jsonl file or a Hugging Face "
+        "dataset name",
+    ),
     "warmup_sft_steps": _at_least(0),
     "warmup_sft_noise": _within(0, 1),
     "warmup_sft_lr": _above(0),

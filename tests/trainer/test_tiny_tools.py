@@ -16,6 +16,7 @@ from fastrl.trainer.tasks import load_problems, product_problems
 from fastrl.trainer.tiny import CharTokenizer, tiny_tokenizer
 from fastrl.trainer.tiny.warmup import tool_demonstration
 from fastrl.trainer.trainer import train
+from fastrl.trainer.validate import ConfigError
 
 CI_STEPS = 20  # the CI run: the preset's warm-up and 20 steps, about 2 minutes on 2 idle cores
 TOOLS_MARKUP = ("```python\n", "```output\n", "```")
@@ -97,6 +98,12 @@ def test_tool_demonstrations_call_the_tool_as_a_rollout_does_and_mask_its_output
     assert sample.token_mask == [1.0] * n_call + [0.0] * n_obs + [1.0] * (len(tok.encode(answer)) + 1)
     assert sample.completion_ids[-1] == tok.eos_token_id
     assert warmup._sample(tok, [1], guesses[0]).token_mask is None  # as the plain tiny task's samples
+
+
+@pytest.mark.parametrize("name", ["products", "products:", "products:x", "products:0", "productsx:3"])
+def test_a_bad_products_name_is_refused_at_config_time(name):
+    with pytest.raises(ConfigError, match="dataset"):
+        make_config("tiny-tools", dataset=name)
 
 
 def test_the_products_warm_up_needs_the_python_tool():

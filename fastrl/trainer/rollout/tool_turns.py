@@ -47,7 +47,7 @@ class ToolCompletion(Completion):
     tool_calls: int = 0  # calls run (malformed ones included: their observation says what is wrong)
     tool_errors: int = 0  # calls whose status was "error"
     tool_timeouts: int = 0  # calls whose status was "timeout"
-    tool_time_s: float = 0.0  # wall-clock seconds of this completion's calls
+    tool_time_s: float = 0.0  # seconds of this completion's calls, submission to result (a slot wait included)
 
 
 @dataclass
